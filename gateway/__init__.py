@@ -1,0 +1,1 @@
+"""kvgate's I/O layer: the aiohttp server, OpenAI API, streaming proxy, cache, telemetry and CLI."""
