@@ -1,0 +1,353 @@
+"""A vLLM-V1-like inference engine over simulated time: continuous batching on a paged KV cache.
+
+One `step()` is one scheduler iteration, after vLLM V1's `Scheduler.schedule`:
+
+1. Running sequences first, in admission order. Each gets all its uncomputed tokens (one for a
+   decode, the rest of its prompt for a chunked prefill), capped by the step's token budget
+   (`max_num_batched_tokens`). A sequence that needs a block when none is free preempts the newest
+   running sequence (possibly itself), by recompute: its blocks are freed and it goes back to the
+   front of the waiting queue, keeping the tokens it already emitted.
+2. Then, only if nothing was preempted in this step, waiting requests in arrival order while the
+   budget lasts and fewer than `max_num_seqs` run: a request's cached prefix (full blocks found by
+   hash, at most up to its second-to-last token so that one token is always computed) is skipped,
+   and it is admitted only if blocks for its first chunk are free; the first that does not fit
+   stops admission (first come, first served).
+3. The step takes the time `Derived.step_time` gives for its prefill and decode work. A sequence
+   whose computed tokens reach all its known tokens samples one new token at the end of the step:
+   the first output token ends the step that completes the prefill; a recomputed sequence resumes
+   with its next token. A request ends at `max_tokens`, or at its natural length unless
+   `ignore_eos`; its blocks go back to the pool, still findable by hash.
+
+Prefix-cache counters (`prefix_queries_tokens`, `prefix_hits_tokens`) count each request once, at
+its first admission, as vLLM's main prefix-cache metrics do; recomputations after a preemption are
+not counted. Generated tokens get synthetic ids (a pure function of the prompt and the position),
+so blocks that fill during decode are hashed too and a recomputation can hit them.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from loadtest.sim.kvcache import BlockPool, chain_hashes
+from loadtest.sim.presets import Derived, Preset, attention_pairs, derive
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    request_id: str
+    prompt: tuple[int, ...]  # token ids (tokens.tokenize of the rendered prompt)
+    max_tokens: int  # hard cap on output tokens (>= 1)
+    natural_len: int  # the length at which the model would stop by itself (EOS)
+    ignore_eos: bool = False  # when True, output is exactly max_tokens
+    # Separates prefix caches that must not be shared: LoRA adapter, vLLM's cache_salt.
+    extra_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    request_id: str
+    token_index: int  # 0 for the first output token
+    finish_reason: str | None  # None while running; "stop" | "length" on the last token
+    num_cached_tokens: int  # prompt tokens served from prefix cache at the request's admission
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    duration: float  # seconds this step takes on the simulated GPU (not scaled)
+    events: tuple[TokenEvent, ...]  # tokens produced at the END of this step
+    num_prefill_tokens: int
+    num_decode_seqs: int
+    preempted: tuple[str, ...]  # request ids preempted in this step
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    running: int
+    waiting: int
+    num_gpu_blocks: int
+    block_size: int
+    free_blocks: int  # blocks a new request could get without preempting (cached-free included)
+    used_blocks: int  # free + used == num_gpu_blocks (the reserved null block counts as used)
+    kv_usage: float  # vLLM V1: 1 - free_blocks / (num_gpu_blocks - 1)
+    preemptions_total: int
+    prefix_queries_tokens: int
+    prefix_hits_tokens: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    finished: Mapping[str, int]  # by reason: "stop", "length", "abort"
+
+
+class _Seq:
+    """The engine's mutable state of one request."""
+
+    __slots__ = ("request_id", "prompt", "prompt_len", "target", "final_reason", "num_output",
+                 "num_tokens", "num_computed", "num_scheduled", "blocks", "hashes",
+                 "num_registered", "num_cached_tokens", "root", "output_seed", "admitted", "done")
+
+    def __init__(self, request: SimRequest) -> None:
+        self.request_id = request.request_id
+        self.prompt = request.prompt
+        self.prompt_len = len(request.prompt)
+        if request.ignore_eos or request.natural_len > request.max_tokens:
+            self.target, self.final_reason = request.max_tokens, "length"
+        else:
+            self.target, self.final_reason = request.natural_len, "stop"
+        self.num_output = 0
+        self.num_tokens = self.prompt_len  # known tokens: prompt + output
+        self.num_computed = 0  # tokens whose KV is in `blocks`
+        self.num_scheduled = 0  # tokens computed in the current step
+        self.blocks: list[int] = []
+        self.hashes: list[int] = []  # hash chain of full blocks of known tokens, computed lazily
+        self.num_registered = 0  # leading blocks registered in the prefix cache
+        self.num_cached_tokens = 0
+        self.root = hash((zlib.crc32(request.extra_key.encode()), 0x6B76))
+        self.output_seed: int | None = None
+        self.admitted = False  # admitted at least once (prefix counters count only the first)
+        self.done = False
+
+    def extend_hashes(self, num_blocks: int, block_size: int) -> None:
+        """Make `hashes` cover the first `num_blocks` full blocks of the known tokens.
+
+        Output tokens get synthetic ids, a pure function of the prompt and their position, so the
+        same request recomputed after a preemption hashes to the same blocks.
+        """
+        have = len(self.hashes)
+        if have >= num_blocks:
+            return
+        start, end, prompt_len = have * block_size, num_blocks * block_size, self.prompt_len
+        window: tuple[int, ...] | list[int] = self.prompt[start:end]
+        if end > prompt_len:
+            if self.output_seed is None:
+                self.output_seed = hash((self.root, self.prompt))
+            seed = self.output_seed
+            window = list(window)
+            window.extend(hash((seed, i)) & 0x7FFFFFFF
+                          for i in range(max(start, prompt_len) - prompt_len, end - prompt_len))
+        parent = self.hashes[-1] if have else self.root
+        self.hashes.extend(chain_hashes(parent, window, block_size))
+
+
+class Engine:
+    def __init__(self, preset: Preset, *, num_gpu_blocks: int | None = None,
+                 enable_prefix_caching: bool = True) -> None:
+        self.preset = preset
+        self.derived: Derived = derive(preset)
+        self.num_gpu_blocks = num_gpu_blocks if num_gpu_blocks is not None else (
+            self.derived.num_gpu_blocks)
+        self.block_size = preset.block_size
+        self._pool = BlockPool(self.num_gpu_blocks, enable_caching=enable_prefix_caching)
+        self._caching = enable_prefix_caching
+        self._running: list[_Seq] = []
+        self._waiting: deque[_Seq] = deque()
+        self._requests: dict[str, _Seq] = {}
+        self._preemptions = 0
+        self._prefix_queries = 0
+        self._prefix_hits = 0
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._finished = {"stop": 0, "length": 0, "abort": 0}
+
+    def add(self, request: SimRequest) -> None:
+        """Queue a request; ValueError if it is malformed or can never run here."""
+        prompt_len = len(request.prompt)
+        if request.request_id in self._requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        if prompt_len < 1 or request.max_tokens < 1 or request.natural_len < 1:
+            raise ValueError("a request needs a prompt, max_tokens >= 1 and natural_len >= 1")
+        if prompt_len + request.max_tokens > self.preset.max_model_len:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({request.max_tokens}) exceeds the "
+                f"maximum context length of {self.preset.max_model_len} tokens")
+        # The last output token is sampled, never fed back, so its KV is never stored.
+        blocks = -(-(prompt_len + request.max_tokens - 1) // self.block_size)
+        if blocks > self.num_gpu_blocks - 1:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({request.max_tokens}) needs {blocks} "
+                f"KV blocks; the whole cache has {self.num_gpu_blocks - 1}")
+        seq = _Seq(request)
+        self._requests[request.request_id] = seq
+        self._waiting.append(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a queued or running request and free its blocks; False if it is not here."""
+        seq = self._requests.pop(request_id, None)
+        if seq is None:
+            return False
+        if seq.blocks:  # running: a running sequence always holds blocks, a waiting one never
+            self._running.remove(seq)
+            self._release(seq)
+        else:
+            self._waiting.remove(seq)
+        seq.done = True
+        self._finished["abort"] += 1
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    def _release(self, seq: _Seq) -> None:
+        self._pool.free(seq.blocks)
+        seq.blocks = []
+        seq.num_computed = 0
+        seq.num_registered = 0
+
+    def step(self) -> StepResult:
+        pool, bs = self._pool, self.block_size
+        budget = self.preset.max_num_batched_tokens
+        running = self._running
+        scheduled: list[_Seq] = []
+        preempted: list[str] = []
+
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            computed = seq.num_computed
+            n = seq.num_tokens - computed
+            if n > budget:
+                n = budget
+            if computed + n > len(seq.blocks) * bs:
+                need = (computed + n + bs - 1) // bs - len(seq.blocks)
+                victim = None
+                while need > pool.num_free and victim is not seq:
+                    victim = running.pop()  # the newest: running[i:] are not scheduled yet
+                    self._release(victim)
+                    self._waiting.appendleft(victim)
+                    self._preemptions += 1
+                    preempted.append(victim.request_id)
+                if victim is seq:
+                    break  # it preempted itself, and it was the last running sequence
+                if need == 1:
+                    seq.blocks.append(pool.allocate_one())
+                else:
+                    seq.blocks.extend(pool.allocate(need))
+            seq.num_scheduled = n
+            scheduled.append(seq)
+            budget -= n
+            i += 1
+
+        if not preempted:
+            self._admit_waiting(scheduled, budget)
+        return self._finish_step(scheduled, tuple(preempted))
+
+    def _admit_waiting(self, scheduled: list[_Seq], budget: int) -> None:
+        pool, bs, waiting, running = self._pool, self.block_size, self._waiting, self._running
+        max_seqs = self.preset.max_num_seqs
+        while waiting and budget > 0 and len(running) < max_seqs:
+            seq = waiting[0]
+            num_tokens = seq.num_tokens
+            hit: list[int] = []
+            if self._caching:
+                max_hit_blocks = (num_tokens - 1) // bs
+                seq.extend_hashes(max_hit_blocks, bs)
+                hit = pool.lookup(seq.hashes[:max_hit_blocks])
+            num_cached = len(hit) * bs
+            n = min(num_tokens - num_cached, budget)
+            need = -(-(num_cached + n) // bs) - len(hit)
+            if need > pool.num_free - pool.num_evictable(hit):
+                break
+            waiting.popleft()
+            pool.touch(hit)
+            seq.blocks = hit + pool.allocate(need)
+            seq.num_computed = num_cached
+            seq.num_registered = len(hit)
+            if not seq.admitted:
+                seq.admitted = True
+                seq.num_cached_tokens = num_cached
+                if self._caching:
+                    self._prefix_queries += num_tokens
+                    self._prefix_hits += num_cached
+            running.append(seq)
+            seq.num_scheduled = n
+            scheduled.append(seq)
+            budget -= n
+
+    def _finish_step(self, scheduled: list[_Seq], preempted: tuple[str, ...]) -> StepResult:
+        if not scheduled:
+            return StepResult(0.0, (), 0, 0, preempted)
+        pool, bs, caching = self._pool, self.block_size, self._caching
+        prefill_tokens = prefill_pairs = decode_seqs = decode_ctx = 0
+        events: list[TokenEvent] = []
+        any_done = False
+        for seq in scheduled:
+            n = seq.num_scheduled
+            computed = seq.num_computed
+            known = seq.num_tokens
+            if n == 1 and computed == known - 1 and seq.num_output:
+                decode_seqs += 1
+                decode_ctx += known
+            else:
+                prefill_tokens += n
+                prefill_pairs += attention_pairs(computed, n)
+            computed += n
+            seq.num_computed = computed
+            if caching and computed >= (seq.num_registered + 1) * bs:
+                full = computed // bs
+                seq.extend_hashes(full, bs)
+                blocks, hashes = seq.blocks, seq.hashes
+                for b in range(seq.num_registered, full):
+                    pool.register(blocks[b], hashes[b])
+                seq.num_registered = full
+            if computed != known:
+                continue  # a prefill chunk that does not finish the prompt yet
+            index = seq.num_output
+            seq.num_output = index + 1
+            seq.num_tokens = known + 1
+            if index == 0:
+                self._prompt_tokens += seq.prompt_len
+            if index + 1 == seq.target:
+                reason = seq.final_reason
+                self._finished[reason] += 1
+                seq.done = any_done = True
+                pool.free(seq.blocks)
+                seq.blocks = []
+                del self._requests[seq.request_id]
+                events.append(TokenEvent(seq.request_id, index, reason, seq.num_cached_tokens))
+            else:
+                events.append(TokenEvent(seq.request_id, index, None, seq.num_cached_tokens))
+        self._generation_tokens += len(events)
+        if any_done:
+            self._running = [s for s in self._running if not s.done]
+        duration = self.derived.step_time(prefill_tokens, prefill_pairs, decode_seqs, decode_ctx)
+        return StepResult(duration, tuple(events), prefill_tokens, decode_seqs, preempted)
+
+    def stats(self) -> EngineStats:
+        pool = self._pool
+        return EngineStats(
+            running=len(self._running),
+            waiting=len(self._waiting),
+            num_gpu_blocks=self.num_gpu_blocks,
+            block_size=self.block_size,
+            free_blocks=pool.num_free,
+            used_blocks=pool.num_used,
+            kv_usage=pool.usage(),
+            preemptions_total=self._preemptions,
+            prefix_queries_tokens=self._prefix_queries,
+            prefix_hits_tokens=self._prefix_hits,
+            prompt_tokens_total=self._prompt_tokens,
+            generation_tokens_total=self._generation_tokens,
+            finished=MappingProxyType(dict(self._finished)),
+        )
+
+    def invariant_violations(self) -> list[str]:
+        """Problems with the engine's bookkeeping, for tests: empty when all is consistent."""
+        problems = self._pool.invariant_violations()
+        refs = [0] * self.num_gpu_blocks
+        for seq in self._running:
+            for b in seq.blocks:
+                refs[b] += 1
+            if len(seq.blocks) * self.block_size < seq.num_computed:
+                problems.append(f"{seq.request_id}: {seq.num_computed} computed tokens do not fit "
+                                f"in {len(seq.blocks)} blocks")
+        for seq in self._waiting:
+            if seq.blocks or seq.num_computed:
+                problems.append(f"{seq.request_id}: waiting but holds blocks")
+        for b in range(1, self.num_gpu_blocks):
+            if refs[b] != self._pool.ref_cnt[b]:
+                problems.append(f"block {b}: {refs[b]} holders but ref_cnt {self._pool.ref_cnt[b]}")
+        if len(self._running) > self.preset.max_num_seqs:
+            problems.append(f"{len(self._running)} running > max_num_seqs")
+        return problems
