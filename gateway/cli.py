@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 # Modules that define sub-commands, in the order `kvgate --help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
+    "gateway.serve",
+    "gateway.demo",
     "loadtest.sim.cli",
 )
 
