@@ -49,4 +49,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m gateway.cli`, this file is `__main__`; commands raise the UsageError of
+    # `gateway.cli`, so dispatch through that module, not this copy of it.
+    sys.exit(importlib.import_module("gateway.cli").main())

@@ -1,0 +1,365 @@
+"""Prometheus text exposition of the simulator's state, in the exact format of a real server.
+
+Three formats, chosen with `kvgate sim --metrics-format`:
+- "vllm": the vLLM V1 engine. `vllm:kv_cache_usage_perc` uses V1's formula, which leaves out the
+  one reserved null block: `1 - free / (num_gpu_blocks - 1)`. Every `vllm:` series carries
+  `engine="0"` and counters and histograms have their `_created` gauges, as prometheus_client
+  writes them for vLLM.
+- "vllm-v0": the vLLM V0 engine: `vllm:gpu_cache_usage_perc = 1 - free / num_gpu_blocks`.
+- "sglang": SGLang in multiprocess mode: token-granular (`sglang:token_usage` over
+  `sglang:max_total_num_tokens`, pages of `sglang:page_size` tokens), histograms written sum first.
+
+Names, types, HELP lines, label sets and bucket bounds are copied from the real servers' output
+(see /work/shared/fixtures), and numbers are formatted as prometheus_client formats them, so a
+parser tested on those fixtures reads the simulator's output the same way. Rendering is pure: the
+caller passes the engine stats, the latency histograms and the process figures in.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Protocol
+
+from loadtest.sim.engine import EngineStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Bucket upper bounds, exactly as each server declares them.
+VLLM_V1_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+VLLM_V1_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0)
+VLLM_V1_E2E = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+VLLM_V0_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0)
+VLLM_V0_TPOT = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+VLLM_V0_E2E = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+SGLANG_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0,
+               100.0, 200.0, 400.0)
+SGLANG_E2E = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
+              200.0, 400.0, 600.0, 1200.0, 1800.0, 2400.0)
+
+
+class Histogram:
+    """A cumulative-on-render histogram with fixed upper bounds (an implicit +Inf bucket)."""
+
+    __slots__ = ("bounds", "counts", "total", "count")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; last is +Inf
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        # `le` is inclusive: a value equal to a bound falls in that bound's bucket.
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def cumulative(self) -> list[int]:
+        out: list[int] = []
+        running = 0
+        for c in self.counts:
+            running += c
+            out.append(running)
+        return out
+
+
+class LatencyRecorder:
+    """Per-request latencies in simulated seconds: time to first token, gaps between tokens and
+    end-to-end. The server observes; a format renders what its real server exposes."""
+
+    __slots__ = ("ttft", "itl", "e2e")
+
+    def __init__(self, ttft: tuple[float, ...], itl: tuple[float, ...],
+                 e2e: tuple[float, ...]) -> None:
+        self.ttft = Histogram(ttft)
+        self.itl = Histogram(itl)
+        self.e2e = Histogram(e2e)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """Static facts about the simulated server that some formats expose."""
+
+    model_name: str
+    max_model_len: int
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """The simulator process's own figures (prometheus_client's process collector)."""
+
+    cpu_seconds: float  # user + system CPU time so far
+    start_time: float  # unix seconds
+
+
+class MetricsFormat(Protocol):
+    """One server's exposition: its histogram buckets and its text."""
+
+    name: str
+
+    def new_recorder(self) -> LatencyRecorder: ...
+
+    def render(self, stats: EngineStats, latency: LatencyRecorder, info: ServerInfo,
+               process: ProcessSample) -> str: ...
+
+
+def format_value(value: float) -> str:
+    """A sample value as prometheus_client writes it (Go-style exponents for large numbers)."""
+    d = float(value)
+    if math.isnan(d):
+        return "NaN"
+    if math.isinf(d):
+        return "+Inf" if d > 0 else "-Inf"
+    s = repr(d)
+    dot = s.find(".")
+    if d > 0 and dot > 6:
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return s
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    """`{a="x",b="y"}` with names sorted, as in the fixtures; empty string for no labels."""
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())) + "}"
+
+
+class _Text:
+    """Accumulates exposition lines. `created` (unix seconds), when set, adds the `_created`
+    gauge family prometheus_client writes after every counter and histogram."""
+
+    def __init__(self, created: float | None) -> None:
+        self.lines: list[str] = []
+        self.created = created
+
+    def family(self, name: str, kind: str, help_text: str) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+
+    def gauge(self, name: str, help_text: str, labels: Mapping[str, str], value: float) -> None:
+        self.family(name, "gauge", help_text)
+        self.lines.append(f"{name}{_labels(labels)} {format_value(value)}")
+
+    def counter(self, name: str, help_text: str, series: list[tuple[Mapping[str, str], float]]
+                ) -> None:
+        """`name` ends in `_total`; one sample per label set in `series`."""
+        self.family(name, "counter", help_text)
+        for labels, value in series:
+            self.lines.append(f"{name}{_labels(labels)} {format_value(value)}")
+        if self.created is not None:
+            created_name = name.removesuffix("_total") + "_created"
+            self.family(created_name, "gauge", help_text)
+            for labels, _ in series:
+                self.lines.append(f"{created_name}{_labels(labels)} "
+                                  f"{format_value(self.created)}")
+
+    def histogram(self, name: str, help_text: str, labels: Mapping[str, str], hist: Histogram,
+                  *, sum_first: bool = False) -> None:
+        self.family(name, "histogram", help_text)
+        lab = _labels(labels)
+        sum_line = f"{name}_sum{lab} {format_value(hist.total)}"
+        if sum_first:
+            self.lines.append(sum_line)
+        bounds = [format_value(b) for b in hist.bounds] + ["+Inf"]
+        for le, cum in zip(bounds, hist.cumulative(), strict=True):
+            self.lines.append(f"{name}_bucket{_labels({**labels, 'le': le})} {format_value(cum)}")
+        self.lines.append(f"{name}_count{lab} {format_value(hist.count)}")
+        if not sum_first:
+            self.lines.append(sum_line)
+        if self.created is not None:
+            self.family(f"{name}_created", "gauge", help_text)
+            self.lines.append(f"{name}_created{lab} {format_value(self.created)}")
+
+    def process(self, process: ProcessSample) -> None:
+        self.family("process_start_time_seconds", "gauge",
+                    "Start time of the process since unix epoch in seconds.")
+        self.lines.append(f"process_start_time_seconds {format_value(process.start_time)}")
+        self.family("process_cpu_seconds_total", "counter",
+                    "Total user and system CPU time spent in seconds.")
+        self.lines.append(f"process_cpu_seconds_total {format_value(process.cpu_seconds)}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _hit_rate(stats: EngineStats) -> float:
+    if stats.prefix_queries_tokens == 0:
+        return 0.0
+    return stats.prefix_hits_tokens / stats.prefix_queries_tokens
+
+
+class VllmV1Format:
+    name = "vllm"
+
+    def new_recorder(self) -> LatencyRecorder:
+        return LatencyRecorder(VLLM_V1_TTFT, VLLM_V1_ITL, VLLM_V1_E2E)
+
+    def render(self, stats: EngineStats, latency: LatencyRecorder, info: ServerInfo,
+               process: ProcessSample) -> str:
+        t = _Text(created=process.start_time)
+        t.process(process)
+        lab = {"engine": "0", "model_name": info.model_name}
+        t.gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                lab, stats.running)
+        t.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                lab, stats.waiting)
+        t.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                lab, stats.kv_usage)
+        t.counter("vllm:prefix_cache_queries_total",
+                  "Prefix cache queries, in terms of number of queried tokens.",
+                  [(lab, stats.prefix_queries_tokens)])
+        t.counter("vllm:prefix_cache_hits_total",
+                  "Prefix cache hits, in terms of number of cached tokens.",
+                  [(lab, stats.prefix_hits_tokens)])
+        t.counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.",
+                  [(lab, stats.preemptions_total)])
+        t.counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
+                  [(lab, stats.prompt_tokens_total)])
+        t.counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
+                  [(lab, stats.generation_tokens_total)])
+        t.counter("vllm:request_success_total", "Count of successfully processed requests.",
+                  [({**lab, "finished_reason": reason}, stats.finished.get(reason, 0))
+                   for reason in ("stop", "length", "abort", "error")])
+        t.histogram("vllm:time_to_first_token_seconds",
+                    "Histogram of time to first token in seconds.", lab, latency.ttft)
+        t.histogram("vllm:inter_token_latency_seconds",
+                    "Histogram of inter-token latency in seconds.", lab, latency.itl)
+        t.histogram("vllm:e2e_request_latency_seconds",
+                    "Histogram of e2e request latency in seconds.", lab, latency.e2e)
+        # An info-style gauge: the data is in the labels (no model_name label, as in vLLM).
+        t.gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", {
+            "block_size": str(stats.block_size), "cache_dtype": "auto",
+            "calculate_kv_scales": "False", "cpu_offload_gb": "0",
+            "enable_prefix_caching": str(info.enable_prefix_caching), "engine": "0",
+            "gpu_memory_utilization": str(info.gpu_memory_utilization),
+            "is_attention_free": "False", "kv_cache_memory_bytes": "None",
+            "kv_offloading_backend": "None", "kv_offloading_size": "None",
+            "kv_sharing_fast_prefill": "False", "mamba_block_size": "None",
+            "mamba_cache_dtype": "auto", "mamba_page_size_padded": "None",
+            "mamba_ssm_cache_dtype": "auto", "num_cpu_blocks": "None",
+            "num_gpu_blocks": str(stats.num_gpu_blocks), "num_gpu_blocks_override": "None",
+            "prefix_caching_hash_algo": "sha256", "sliding_window": "None", "swap_space": "4",
+        }, 1.0)
+        return t.text()
+
+
+class VllmV0Format:
+    name = "vllm-v0"
+
+    def new_recorder(self) -> LatencyRecorder:
+        return LatencyRecorder(VLLM_V0_TTFT, VLLM_V0_TPOT, VLLM_V0_E2E)
+
+    def render(self, stats: EngineStats, latency: LatencyRecorder, info: ServerInfo,
+               process: ProcessSample) -> str:
+        t = _Text(created=None)
+        t.process(process)
+        lab = {"model_name": info.model_name}
+        total = stats.num_gpu_blocks
+        t.gauge("vllm:num_requests_running", "Number of requests currently running on GPU.",
+                lab, stats.running)
+        t.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                lab, stats.waiting)
+        t.gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", lab, 0)
+        # V0 has no reserved null block in its usage formula.
+        t.gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
+                lab, 1.0 - stats.free_blocks / total if total else 0.0)
+        t.gauge("vllm:cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.",
+                lab, 0.0)
+        t.gauge("vllm:cpu_prefix_cache_hit_rate", "CPU prefix cache block hit rate.", lab, -1.0)
+        t.gauge("vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate.", lab,
+                _hit_rate(stats) if info.enable_prefix_caching else -1.0)
+        t.counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.",
+                  [(lab, stats.preemptions_total)])
+        t.counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
+                  [(lab, stats.prompt_tokens_total)])
+        t.counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
+                  [(lab, stats.generation_tokens_total)])
+        t.counter("vllm:tokens_total", "Number of prefill plus generation tokens processed.",
+                  [(lab, stats.prompt_tokens_total + stats.generation_tokens_total)])
+        t.histogram("vllm:time_to_first_token_seconds",
+                    "Histogram of time to first token in seconds.", lab, latency.ttft)
+        t.histogram("vllm:time_per_output_token_seconds",
+                    "Histogram of time per output token in seconds.", lab, latency.itl)
+        t.histogram("vllm:e2e_request_latency_seconds",
+                    "Histogram of end to end request latency in seconds.", lab, latency.e2e)
+        # V0 counts only requests that finished by themselves; aborts are not successes there.
+        t.counter("vllm:request_success_total", "Count of successfully processed requests.",
+                  [({**lab, "finished_reason": reason}, stats.finished.get(reason, 0))
+                   for reason in ("stop", "length")])
+        t.gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", {
+            "block_size": str(stats.block_size), "cache_dtype": "auto",
+            "calculate_kv_scales": "False", "cpu_offload_gb": "0",
+            "enable_prefix_caching": str(info.enable_prefix_caching),
+            "gpu_memory_utilization": str(info.gpu_memory_utilization),
+            "is_attention_free": "False", "num_cpu_blocks": "2048",
+            "num_gpu_blocks": str(total), "num_gpu_blocks_override": "None",
+            "sliding_window": "None", "swap_space_bytes": "4294967296",
+        }, 1.0)
+        return t.text()
+
+
+class SglangFormat:
+    name = "sglang"
+
+    def new_recorder(self) -> LatencyRecorder:
+        # SGLang exposes no inter-token histogram in this version; the recorder still needs one.
+        return LatencyRecorder(SGLANG_TTFT, VLLM_V1_ITL, SGLANG_E2E)
+
+    def render(self, stats: EngineStats, latency: LatencyRecorder, info: ServerInfo,
+               process: ProcessSample) -> str:
+        t = _Text(created=None)
+        # Scheduler-side series carry the parallelism labels; tokenizer-side only model_name.
+        sched = {"engine_type": "unified", "model_name": info.model_name, "moe_ep_rank": "0",
+                 "pp_rank": "0", "tp_rank": "0"}
+        lab = {"model_name": info.model_name}
+        page = stats.block_size
+        total_tokens = stats.num_gpu_blocks * page
+        used_tokens = (stats.num_gpu_blocks - stats.free_blocks) * page
+        t.gauge("sglang:num_running_reqs", "The number of running requests.", sched,
+                stats.running)
+        t.gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", sched,
+                stats.waiting)
+        t.gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", sched, _hit_rate(stats))
+        t.gauge("sglang:token_usage", "The token usage.", sched,
+                used_tokens / total_tokens if total_tokens else 0.0)
+        t.gauge("sglang:num_used_tokens", "The number of used tokens.", sched, used_tokens)
+        t.counter("sglang:num_retracted_requests_total", "Total number of retracted requests.",
+                  [(sched, stats.preemptions_total)])
+        t.gauge("sglang:max_total_num_tokens",
+                "Maximum total number of tokens in the KV cache pool.", sched, total_tokens)
+        t.gauge("sglang:page_size", "KV cache page size in tokens.", sched, page)
+        t.gauge("sglang:num_pages", "Number of KV cache pages.", sched, stats.num_gpu_blocks)
+        t.gauge("sglang:context_len", "Maximum context length.", sched, info.max_model_len)
+        t.counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.",
+                  [(lab, stats.prompt_tokens_total)])
+        t.counter("sglang:generation_tokens_total", "Number of generation tokens processed.",
+                  [(lab, stats.generation_tokens_total)])
+        t.counter("sglang:num_requests_total", "Number of requests processed.",
+                  [(lab, sum(stats.finished.values()))])
+        t.histogram("sglang:time_to_first_token_seconds",
+                    "Histogram of time to first token in seconds.", lab, latency.ttft,
+                    sum_first=True)
+        t.histogram("sglang:e2e_request_latency_seconds",
+                    "Histogram of End-to-end request latency in seconds", lab, latency.e2e,
+                    sum_first=True)
+        return t.text()
+
+
+FORMATS: Mapping[str, MetricsFormat] = MappingProxyType({
+    f.name: f for f in (VllmV1Format(), VllmV0Format(), SglangFormat())
+})
