@@ -1,0 +1,223 @@
+"""`create_app(settings)`: the one place where the gateway is wired together.
+
+State lives under `web.AppKey`s (gateway/keys.py); the lifetimes of the upstream HTTP client and of
+the backend poller are owned by `cleanup_ctx`. Nothing is global: two apps in one process share
+nothing. Run the app with `handler_cancellation=True` (gateway/serve.py does) so that a client
+disconnect cancels its handler and the proxy closes the upstream connection at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import orjson
+from aiohttp import web
+from opentelemetry.sdk.trace import SpanProcessor
+
+from gateway import handlers
+from gateway.admission import GATE, build_gate, gate_running, stamp_route
+from gateway.config import Settings
+from gateway.errors import (
+    BodyTooLarge,
+    GatewayError,
+    InternalError,
+    InvalidRequest,
+    MethodNotAllowed,
+    RouteNotFound,
+)
+from gateway.keys import (
+    ARRIVED_AT,
+    CLOCK,
+    FLEET,
+    PROXY,
+    REQUEST_ID,
+    ROUTER,
+    SETTINGS,
+    STARTED_AT,
+    TELEMETRY,
+)
+from gateway.observe import Observer, install_telemetry
+from gateway.proxy import Outcome, Proxy
+from gateway.telemetry import Telemetry
+from routing.fleet import Fleet
+from routing.policy import PolicyContext, build_router
+from routing.poller import Poller
+from routing.state import BackendSpec
+
+log = logging.getLogger("kvgate.gateway")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MAX_REQUEST_ID_LEN = 128
+
+
+def create_app(
+    settings: Settings,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+    on_done: Callable[[Outcome], None] | None = None,
+    span_processor: SpanProcessor | None = None,
+) -> web.Application:
+    """The gateway app. `clock` (monotonic seconds), `rng` and `on_done` (called with the proxy's
+    Outcome of each request) are injectable for tests; `rng` defaults to one seeded from
+    `settings.routing.seed`. `span_processor` turns tracing on without OTLP (tests, benchmarks).
+    Raises TelemetryConfigError when the telemetry settings cannot be honoured."""
+    telemetry = Telemetry(
+        settings.telemetry.to_settings(), clock=clock, span_processor=span_processor
+    )
+    observer = Observer(telemetry, clock=clock, on_done=on_done)
+    app = web.Application(
+        client_max_size=settings.server.max_body_bytes,
+        # The observer first: it takes the arrival time before anything else runs.
+        middlewares=[observer.middleware, error_middleware],
+    )
+    routing = settings.routing
+    app[SETTINGS] = settings
+    app[CLOCK] = clock
+    app[STARTED_AT] = int(time.time())
+    app[FLEET] = Fleet(
+        settings.backend_specs(),
+        max_snapshot_age=routing.max_snapshot_age_s,
+        failure_threshold=routing.failure_threshold,
+    )
+    app[ROUTER] = build_router(
+        routing.policy,
+        PolicyContext(rng=rng or random.Random(routing.seed), weights=routing.weights),
+    )
+    app[GATE] = build_gate(routing, app[FLEET], app[ROUTER], clock)
+    app.cleanup_ctx.append(gate_running)
+    install_telemetry(app, observer)
+    app.cleanup_ctx.append(_upstream_client(observer.on_done))
+    app.cleanup_ctx.append(_backend_health)
+    app.on_response_prepare.append(_stamp_headers)
+    app.on_response_prepare.append(stamp_route)  # after telemetry's: the queue wait wins
+    handlers.add_routes(app)
+    return app
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Stamps arrival and request id, and turns every error into OpenAI's error body."""
+    if ARRIVED_AT not in request:  # the observer's middleware stamps it first
+        request[ARRIVED_AT] = request.app[CLOCK]()
+    given = request.headers.get("x-request-id", "")
+    ok = 0 < len(given) <= MAX_REQUEST_ID_LEN and given.isprintable()
+    request[REQUEST_ID] = given if ok else uuid.uuid4().hex
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        return _error_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error_response(_from_http(exc, request))
+    except Exception as exc:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error_response(InternalError(f"internal error: {type(exc).__name__}"))
+
+
+def _error_response(exc: GatewayError) -> web.Response:
+    return web.Response(
+        status=exc.status, body=exc.body(), content_type="application/json", headers=exc.headers
+    )
+
+
+def _from_http(exc: web.HTTPException, request: web.Request) -> GatewayError:
+    """aiohttp's own HTTP errors (no route, wrong method, body too large) as ours."""
+    if exc.status == 404:
+        return RouteNotFound(f"no such endpoint: {request.method} {request.path}")
+    if exc.status == 405:
+        return MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+    if exc.status == 413:
+        return BodyTooLarge("the request body is larger than the gateway accepts")
+    if exc.status < 500:
+        return InvalidRequest(exc.reason)
+    return InternalError(exc.reason)
+
+
+async def _stamp_headers(request: web.Request, response: web.StreamResponse) -> None:
+    request_id = request.get(REQUEST_ID)
+    if request_id is not None:
+        response.headers["x-request-id"] = request_id
+    arrived = request.get(ARRIVED_AT)
+    if arrived is not None:
+        elapsed_ms = (request.app[CLOCK]() - arrived) * 1000.0
+        response.headers["openai-processing-ms"] = str(int(elapsed_ms))
+
+
+def _upstream_client(
+    on_done: Callable[[Outcome], None],
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def upstream_client(app: web.Application) -> AsyncIterator[None]:
+        """One ClientSession for every upstream call, sized for many concurrent streams."""
+        server = app[SETTINGS].server
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=server.max_upstream_connections, limit_per_host=0, ttl_dns_cache=300
+            ),
+            # No total timeout: a stream lasts as long as the generation. The first-byte deadline
+            # is the proxy's; this bounds only the TCP connect.
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=server.connect_timeout_s),
+            # Without Accept-Encoding backends answer uncompressed: nothing to re-inflate per chunk.
+            skip_auto_headers=("Accept-Encoding",),
+            cookie_jar=aiohttp.DummyCookieJar(),  # a backend's cookies must not leak across clients
+        )
+        app[PROXY] = Proxy(
+            session=session,
+            fleet=app[FLEET],
+            gate=app[GATE],
+            first_byte_timeout=server.first_byte_timeout_s,
+            clock=app[CLOCK],
+            on_done=on_done,
+        )
+        try:
+            yield
+        finally:
+            await session.close()
+
+    return upstream_client
+
+
+async def _backend_health(app: web.Application) -> AsyncIterator[None]:
+    """Discovers every backend's models once at start-up (an answer also marks it healthy), then
+    runs the poller, which keeps health and load snapshots current, for the app's lifetime.
+    A backend down at start-up gets its models from its metrics labels once it answers."""
+    settings = app[SETTINGS]
+    fleet = app[FLEET]
+    timeout = aiohttp.ClientTimeout(total=settings.server.discovery_timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        await asyncio.gather(
+            *(_discover(session, fleet, spec, app[CLOCK]) for spec in fleet.specs)
+        )
+    poller = Poller(
+        fleet,
+        interval=settings.routing.poll_interval_s,
+        timeout=settings.routing.scrape_timeout_s,
+        clock=app[CLOCK],
+        on_error=app[TELEMETRY].poll_error,
+    )
+    async with poller.running():
+        yield
+
+
+async def _discover(
+    session: aiohttp.ClientSession, fleet: Fleet, spec: BackendSpec, clock: Callable[[], float]
+) -> None:
+    try:
+        async with session.get(spec.url + "/v1/models") as resp:
+            resp.raise_for_status()
+            payload = orjson.loads(await resp.read())
+        models = tuple(str(entry["id"]) for entry in payload["data"])
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        log.warning("backend %s (%s): model discovery failed: %s", spec.id, spec.url, exc)
+        fleet.record_failure(spec.id, clock())
+        return
+    if not spec.models:
+        fleet.set_models(spec.id, models)
+    fleet.record_success(spec.id, clock())

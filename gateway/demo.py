@@ -1,0 +1,133 @@
+"""`kvgate demo`: simulated backends and the gateway, on embedded defaults, in one process.
+
+    kvgate demo [--backends N] [--port P] [--time-scale X]
+
+Starts N simulators of the default preset and one of the small-model preset on free loopback ports,
+then the gateway on P (default 8000), prints how to call it and runs until Ctrl-C or SIGTERM, when
+everything shuts down cleanly (exit code 0). No config file, no environment, no Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import signal
+import sys
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+
+import orjson
+
+from gateway.cli import UsageError
+from gateway.config import BackendSettings, ServerSettings, Settings
+from gateway.serve import LOG_LEVELS, configure_logging, run_on_uvloop, running_gateway
+from loadtest.sim.launch import running_sim
+from loadtest.sim.presets import DEFAULT_PRESET, PRESETS, SMALL_PRESET
+
+MAX_BACKENDS = 16
+
+
+def demo_settings(urls: Sequence[str], *, host: str, port: int) -> Settings:
+    backends = tuple(BackendSettings(url=url, id=f"sim{i}") for i, url in enumerate(urls))
+    return Settings(server=ServerSettings(host=host, port=port), backends=backends)
+
+
+def banner(url: str, *, backends: int, time_scale: float) -> str:
+    """What `kvgate demo` prints once ready: the fleet, a curl command and a Python snippet."""
+    model = PRESETS[DEFAULT_PRESET].model_name
+    small = PRESETS[SMALL_PRESET].model_name
+    body = {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}
+    curl = (
+        f"curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"-d {shlex.quote(orjson.dumps(body).decode())}"
+    )
+    return "\n".join(
+        [
+            f"kvgate demo: gateway on {url}/v1",
+            f"  backends: {backends} x {model} ({DEFAULT_PRESET}), 1 x {small} ({SMALL_PRESET}),"
+            f" time scale {time_scale:g}",
+            f"  state:    curl -s {url}/admin/backends",
+            "",
+            "Try it:",
+            f"  {curl}",
+            "",
+            "  from openai import OpenAI",
+            f'  client = OpenAI(base_url="{url}/v1", api_key="unused")',
+            "  for chunk in client.chat.completions.create(",
+            f'          model="{model}", messages=[{{"role": "user", "content": "Hello!"}}],',
+            "          max_tokens=32, stream=True):",
+            '      print(chunk.choices[0].delta.content or "", end="", flush=True)',
+            "",
+            "Ctrl-C stops it.",
+        ]
+    )
+
+
+async def run_demo(backends: int, host: str, port: int, time_scale: float) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with AsyncExitStack() as stack:
+            urls = [
+                await stack.enter_async_context(
+                    running_sim(preset=DEFAULT_PRESET, time_scale=time_scale, seed=i)
+                )
+                for i in range(backends)
+            ]
+            urls.append(
+                await stack.enter_async_context(
+                    running_sim(preset=SMALL_PRESET, time_scale=time_scale, seed=backends)
+                )
+            )
+            settings = demo_settings(urls, host=host, port=port)
+            url = await stack.enter_async_context(running_gateway(settings))
+            print(banner(url, backends=backends, time_scale=time_scale), flush=True)
+            await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="simulated backends and a gateway in one process",
+        description="Starts simulated backends and the gateway on embedded defaults, prints how "
+        "to call it and runs until Ctrl-C.",
+    )
+    parser.add_argument(
+        "--backends", type=int, default=3, metavar="N", help="simulated backends (default 3)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="simulators run X times faster than the modeled GPUs (default 1: real speed)",
+    )
+    parser.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 1 <= args.backends <= MAX_BACKENDS:
+        raise UsageError(f"--backends must be in 1..{MAX_BACKENDS}, got {args.backends}")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {args.port}")
+    if not args.time_scale > 0:
+        raise UsageError(f"--time-scale must be > 0, got {args.time_scale}")
+    configure_logging(args.log_level)
+    try:
+        run_on_uvloop(lambda: run_demo(args.backends, args.host, args.port, args.time_scale))
+    except OSError as exc:
+        print(
+            f"kvgate demo: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

@@ -1,0 +1,160 @@
+"""The gateway's error tree and OpenAI's error body.
+
+Every failure the gateway reports itself is a `GatewayError`; the one error middleware
+(gateway/app.py) turns it into `{"error": {"message", "type", "param", "code"}}` with its status.
+Foreign exceptions are wrapped where they are caught, with `raise ... from exc`.
+
+Backends answer errors in two shapes: OpenAI's nested one, and older vLLM's flat one
+(`{"object": "error", "message": ..., "type": ..., "param": ..., "code": ...}`, also found nested
+as `{"error": {"object": "error", ...}}` inside streams). `normalise_error_body` turns either into
+OpenAI's shape so clients see one format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import orjson
+
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+
+class GatewayError(Exception):
+    """A failure the client should see as an OpenAI error body with `status`."""
+
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "server_error"
+    code: ClassVar[str | None] = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = _NO_HEADERS  # extra response headers, e.g. Retry-After on a 429
+
+    def body(self) -> bytes:
+        return error_body(self.message, type_=self.type, param=self.param, code=self.code)
+
+
+class InvalidRequest(GatewayError):
+    """The body is not JSON, or a field is missing or has the wrong type (`param` names it)."""
+
+    status = 400
+    type = "invalid_request_error"
+
+
+class ModelNotFound(GatewayError):
+    """No configured backend serves the requested model, and no alias maps it to one that does."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class RouteNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class BodyTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class NoHealthyBackend(GatewayError):
+    """Backends serve the model, but none of them is healthy right now."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "no_healthy_backend"
+
+
+class UpstreamUnreachable(GatewayError):
+    """Every attempt failed to connect, or the connection broke before the response began."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(GatewayError):
+    """The backend accepted the request but sent nothing within the first-byte timeout."""
+
+    status = 504
+    type = "upstream_error"
+    code = "upstream_timeout"
+
+
+class InternalError(GatewayError):
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+
+def error_object(
+    message: str, *, type_: str, param: str | None = None, code: str | int | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_body(
+    message: str, *, type_: str, param: str | None = None, code: str | int | None = None
+) -> bytes:
+    return orjson.dumps(error_object(message, type_=type_, param=param, code=code))
+
+
+_ERROR_FIELDS = ("message", "type", "param", "code")
+
+
+def normalise_error(payload: object, *, status: int) -> dict[str, Any] | None:
+    """OpenAI's `{"error": {...}}` for a decoded backend error payload; None if it is none.
+
+    Accepts OpenAI's shape (returned with only the four fields), vLLM's legacy flat shape and the
+    legacy nested one with an `object` field. A missing `type` falls back to the HTTP status.
+    """
+    if not isinstance(payload, dict):
+        return None
+    inner = payload.get("error")
+    if isinstance(inner, dict):
+        source: dict[str, Any] = inner
+    elif payload.get("object") == "error" and "message" in payload:
+        source = payload
+    elif isinstance(inner, str):
+        # Some servers (TGI, llama.cpp proxies) answer {"error": "text", "error_type": ...}.
+        source = {"message": inner, "type": payload.get("error_type")}
+    else:
+        return None
+    fields = {name: source.get(name) for name in _ERROR_FIELDS}
+    if not isinstance(fields["message"], str):
+        fields["message"] = str(fields["message"])
+    if fields["type"] is None:
+        fields["type"] = "invalid_request_error" if 400 <= status < 500 else "server_error"
+    return {"error": fields}
+
+
+def normalise_error_body(body: bytes, *, status: int) -> bytes:
+    """A backend's error body in OpenAI's shape: byte-identical when it already is, converted
+    from vLLM's legacy flat shape, wrapped when it is not JSON at all (e.g. an HTML 502 page)."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = body.decode("utf-8", "replace").strip()[:500] or f"backend answered HTTP {status}"
+        return error_body(text, type_="upstream_error", code=status)
+    normalised = normalise_error(payload, status=status)
+    if normalised is None:
+        return error_body(
+            f"backend answered HTTP {status}", type_="upstream_error", code=status
+        )
+    if normalised == payload:
+        return body
+    return orjson.dumps(normalised)

@@ -1,0 +1,123 @@
+"""The HTTP endpoints: OpenAI's completions and models, health, readiness and the admin view.
+
+Handlers validate at the edge and hand a ready `UpstreamCall` to the proxy. They raise
+`GatewayError`s; the error middleware turns them into OpenAI bodies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway.admission import job_of
+from gateway.errors import BodyTooLarge, ModelNotFound
+from gateway.keys import (
+    ARRIVED_AT,
+    CLOCK,
+    FLEET,
+    OBSERVATION,
+    PROXY,
+    REQUEST_ID,
+    SETTINGS,
+    STARTED_AT,
+)
+from gateway.observation import note_request
+from gateway.proxy import UpstreamCall
+from gateway.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    decode_object,
+    model_list,
+    validate,
+)
+
+JSON = "application/json"
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _complete(request, ChatCompletionRequest, "/v1/chat/completions")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _complete(request, CompletionRequest, "/v1/completions")
+
+
+async def _complete(
+    request: web.Request,
+    schema: type[ChatCompletionRequest] | type[CompletionRequest],
+    path: str,
+) -> web.StreamResponse:
+    app = request.app
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        limit = app[SETTINGS].server.max_body_bytes
+        raise BodyTooLarge(f"the request body is larger than the limit of {limit} bytes") from exc
+    data = decode_object(raw)
+    body = validate(schema, data)
+    observation = request[OBSERVATION]
+    note_request(observation, body.model, body.stream, data)
+    model = app[SETTINGS].model_aliases.get(body.model, body.model)
+    if model != body.model:
+        # The only case in which the client's bytes are re-encoded.
+        data["model"] = model
+        raw = orjson.dumps(data)
+    fleet = app[FLEET]
+    if not any(model in fleet.models_of(spec.id) for spec in fleet.specs):
+        raise ModelNotFound(f"the model {body.model!r} does not exist", param="model")
+    routing = app[SETTINGS].routing
+    job = job_of(request, data, model=model, request_id=request[REQUEST_ID],
+                 max_tokens=body.output_cap, stream=body.stream,
+                 priority_header=routing.priority_header, tenant_header=routing.tenant_header,
+                 session_header=routing.session_header)
+    observation.tenant = job.tenant
+    call = UpstreamCall(
+        path=path,
+        body=raw,
+        model=model,
+        stream=body.stream,
+        job=job,
+        request_id=request[REQUEST_ID],
+        arrived_at=request[ARRIVED_AT],
+        timing=observation.timing,
+        trace=observation.trace,
+    )
+    return await app[PROXY].forward(request, call)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    app = request.app
+    names = set(app[FLEET].healthy_models()) | set(app[SETTINGS].model_aliases)
+    return _json(model_list(sorted(names), created=app[STARTED_AT]))
+
+
+async def health(request: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    fleet = request.app[FLEET]
+    healthy = sum(1 for spec in fleet.specs if fleet.is_healthy(spec.id))
+    status = 200 if healthy else 503
+    body = {"status": "ready" if healthy else "unavailable", "healthy_backends": healthy}
+    return _json(body, status=status)
+
+
+async def admin_backends(request: web.Request) -> web.Response:
+    app = request.app
+    return _json({"backends": app[FLEET].admin_rows(app[CLOCK]())})
+
+
+def _json(payload: dict[str, Any], *, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), status=status, content_type=JSON)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/admin/backends", admin_backends)

@@ -1,0 +1,34 @@
+"""Typed keys for the state `create_app` stores on the application and on each request.
+
+They live in their own module so handlers, middleware and the app factory share them without
+importing each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+from gateway.config import Settings
+from gateway.observation import Observation
+from gateway.proxy import Proxy
+from gateway.telemetry import RequestTiming, Telemetry
+from routing.fleet import Fleet
+from routing.policy import Router
+
+SETTINGS = web.AppKey("settings", Settings)
+FLEET = web.AppKey("fleet", Fleet)
+ROUTER = web.AppKey("router", Router)
+PROXY = web.AppKey("proxy", Proxy)  # set by the upstream-client cleanup context
+CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")  # monotonic seconds
+STARTED_AT = web.AppKey("started_at", int)  # wall-clock start, the `created` of /v1/models
+
+REQUEST_ID = web.RequestKey("request_id", str)
+ARRIVED_AT = web.RequestKey("arrived_at", float)  # CLOCK() when the request arrived
+TELEMETRY = web.AppKey("telemetry", Telemetry)
+# Completion requests only (gateway/observation.py says who writes what): the request's record,
+# and its RequestTiming (the same object as OBSERVATION's `timing`) for the stages that only mark
+# times, e.g. admission's `queue_start` / `queue_end`.
+OBSERVATION = web.RequestKey("observation", Observation)
+TIMING = web.RequestKey("timing", RequestTiming)

@@ -1,0 +1,128 @@
+"""`kvgate serve`: the gateway in the foreground, and `running_gateway` for tests and the demo.
+
+    kvgate serve --config FILE [--host H] [--port P]
+    kvgate serve --backend URL [--backend URL ...] [--host H] [--port P]
+
+With `--backend` (repeatable) each backend's models are discovered from its /v1/models; given with
+`--config` the flags replace the file's backends. Flags override `KVGATE_*` variables, which
+override the file (see gateway/config.py). Runs on uvloop until SIGINT or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvloop
+from aiohttp import web
+
+from gateway.app import create_app
+from gateway.cli import UsageError
+from gateway.config import Settings, load_settings
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@asynccontextmanager
+async def running_gateway(settings: Settings, **app_options: Any) -> AsyncIterator[str]:
+    """The gateway serving on `settings.server` (port 0: a free port), yielding its base URL
+    (`http://host:port`, no /v1). `app_options` go to `create_app` (clock, rng, on_done)."""
+    app = create_app(settings, **app_options)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,  # a client disconnect cancels the handler: upstream closes
+        access_log=None,  # the proxy logs one line per request itself
+        shutdown_timeout=settings.server.shutdown_timeout_s,
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=1024)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def serve_until_signalled(settings: Settings, on_ready: Callable[[str], None]) -> None:
+    """Serve until SIGINT or SIGTERM, then shut down cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with running_gateway(settings) as url:
+            on_ready(url)
+            await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def run_on_uvloop(main: Callable[[], Any]) -> None:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the gateway",
+        description="The OpenAI-compatible gateway in front of a fleet of inference servers.",
+        epilog="Environment: KVGATE_<SECTION>__<FIELD>=value overrides the config file, e.g. "
+        "KVGATE_SERVER__PORT=8080, KVGATE_ROUTING__POLICY=round_robin, "
+        "KVGATE_BACKENDS__0__WEIGHT=2; a value starting with [ or { is read as a list or mapping. "
+        "Flags override both.",
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML config file")
+    parser.add_argument(
+        "--backend",
+        action="append",
+        metavar="URL",
+        help="a backend's base URL (repeatable); its models are discovered from /v1/models",
+    )
+    parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="TCP port (default 8000; 0: any free port)")
+    parser.add_argument(
+        "--log-level", default="info", choices=LOG_LEVELS, help="logging level (default info)"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    server: dict[str, Any] = {}
+    if args.host is not None:
+        server["host"] = args.host
+    if args.port is not None:
+        server["port"] = args.port
+    overrides: dict[str, Any] = {"server": server} if server else {}
+    if args.backend:
+        overrides["backends"] = [{"url": url} for url in args.backend]
+    settings = load_settings(args.config, overrides=overrides)
+    if not settings.backends:
+        raise UsageError("no backends: pass --backend URL or a --config file with backends")
+    configure_logging(args.log_level)
+
+    def ready(url: str) -> None:
+        ids = ", ".join(spec.id for spec in settings.backend_specs())
+        print(f"kvgate serve: {url}/v1 in front of {ids}", flush=True)
+
+    try:
+        run_on_uvloop(lambda: serve_until_signalled(settings, ready))
+    except OSError as exc:
+        where = f"{settings.server.host}:{settings.server.port}"
+        print(f"kvgate serve: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,294 @@
+"""The proxy's failure rules, against loopback upstreams that fail on command over real sockets:
+retry once elsewhere before the first byte, never after; a failure after it ends the stream with an
+SSE error event and [DONE]; a backend's 4xx passes through and is never retried; in-flight counts
+return to zero on every path."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from gateway.config import Settings
+from gateway.proxy import Outcome, log_outcome
+from gateway.serve import running_gateway
+from tests.paths import FIXTURES
+
+MODEL = "m"
+DEADLINE_S = 5.0
+
+
+def chunk(content: str, finish: str | None = None) -> bytes:
+    delta = {"content": content}
+    event = {"object": "chat.completion.chunk", "model": MODEL,
+             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+USAGE = (b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,'
+         b'"total_tokens":8}}\n\n')
+GOOD_STREAM = [chunk(""), chunk("Hello"), chunk(" there"), chunk("!", "stop"), USAGE,
+               b"data: [DONE]\n\n"]
+GOOD_JSON = {"object": "chat.completion", "model": MODEL, "choices": [
+    {"index": 0, "message": {"role": "assistant", "content": "Hello there!"},
+     "finish_reason": "stop"}], "usage": {"prompt_tokens": 5, "completion_tokens": 3,
+                                          "total_tokens": 8}}
+
+
+class Upstream:
+    """A loopback backend. `mode` says how it answers the next completion requests:
+    ok | reset_before_headers | status | die_mid_stream | end_early | silent."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.status = 200
+        self.error_body = b""
+        self.calls = 0
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        """Stops listening and drops open connections: new requests are refused."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=(FIXTURES / "vllm-v1.prom").read_bytes(),
+                            content_type="text/plain")
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        self.calls += 1
+        body = orjson.loads(await request.read())
+        transport = request.transport
+        assert transport is not None
+        if self.mode == "reset_before_headers":
+            transport.abort()
+            return web.Response()
+        if self.mode == "status":
+            return web.Response(status=self.status, body=self.error_body,
+                                content_type="application/json")
+        if self.mode == "silent":
+            await asyncio.Event().wait()  # cancelled when the gateway hangs up
+        if not body.get("stream"):
+            return web.json_response(GOOD_JSON)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        events = GOOD_STREAM[:2] if self.mode in ("die_mid_stream", "end_early") else GOOD_STREAM
+        for event in events:
+            await response.write(event)
+        if self.mode == "die_mid_stream":
+            transport.abort()
+            return response
+        await response.write_eof()
+        return response
+
+
+@asynccontextmanager
+async def gateway_over(
+    count: int, on_done: Callable[[Outcome], None] = log_outcome, **server: Any
+) -> AsyncIterator[tuple[str, list[Upstream], aiohttp.ClientSession]]:
+    async with AsyncExitStack() as stack:
+        upstreams = [Upstream() for _ in range(count)]
+        for upstream in upstreams:
+            await upstream.start()
+            stack.push_async_callback(upstream.stop)
+        settings = Settings.model_validate({
+            "server": {"port": 0, **server},
+            # Health comes from discovery at start-up; no scrape interferes during a test.
+            "routing": {"poll_interval_s": 60, "policy": "round_robin"},
+            "backends": [{"url": u.url, "id": f"u{i}"} for i, u in enumerate(upstreams)],
+        })
+        url = await stack.enter_async_context(running_gateway(settings, on_done=on_done))
+        client = await stack.enter_async_context(aiohttp.ClientSession())
+        yield url, upstreams, client
+
+
+def chat(stream: bool) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+
+
+async def wait_for(predicate: Callable[[], Any], what: str) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + DEADLINE_S
+    while not await predicate():
+        assert loop.time() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def inflight_returns_to_zero(client: aiohttp.ClientSession, url: str) -> None:
+    async def zero() -> bool:
+        async with client.get(url + "/admin/backends") as resp:
+            rows = (await resp.json(loads=orjson.loads))["backends"]
+        return all(row["inflight"] == 0 for row in rows)
+
+    await wait_for(zero, "in-flight counts to return to zero")
+
+
+async def post(client: aiohttp.ClientSession, url: str, body: dict[str, Any]
+               ) -> tuple[int, bytes, dict[str, str]]:
+    async with client.post(url + "/v1/chat/completions", json=body) as resp:
+        return resp.status, await resp.read(), dict(resp.headers)
+
+
+def events_of(raw: bytes) -> list[bytes]:
+    return [e.removeprefix(b"data: ") for e in raw.split(b"\n\n") if e]
+
+
+async def break_first(upstream: Upstream, how: str) -> None:
+    if how == "connection refused":
+        await upstream.stop()
+    elif how == "reset before the headers":
+        upstream.mode = "reset_before_headers"
+    else:
+        upstream.mode, upstream.status = "status", int(how.split()[0])
+        upstream.error_body = b'{"object":"error","message":"overloaded","code":503}'
+
+
+FIRST_BYTE_FAILURES = ["connection refused", "reset before the headers", "502 answer",
+                       "503 answer"]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not streamed"])
+@pytest.mark.parametrize("how", FIRST_BYTE_FAILURES)
+async def test_a_failure_before_the_first_byte_is_retried_on_another_backend(
+    how: str, stream: bool
+) -> None:
+    outcomes: list[Outcome] = []
+    async with gateway_over(2, on_done=outcomes.append) as (url, (bad, good), client):
+        await break_first(bad, how)
+        # Round robin alternates: within two requests, one tries the bad backend first.
+        while not any(o.attempts == 2 for o in outcomes):
+            assert len(outcomes) < 2, "the bad backend was never tried"
+            status, body, headers = await post(client, url, chat(stream))
+            assert status == 200
+            assert headers["x-kvgate-backend"] == "u1"
+            if stream:
+                assert body == b"".join(GOOD_STREAM)
+            else:
+                assert orjson.loads(body) == GOOD_JSON
+        assert good.calls == len(outcomes)
+        assert bad.calls == (0 if how == "connection refused" else 1)  # one try, no more
+        await inflight_returns_to_zero(client, url)
+
+
+async def test_when_every_backend_fails_to_connect_the_client_gets_502() -> None:
+    async with gateway_over(2) as (url, upstreams, client):
+        for upstream in upstreams:
+            await upstream.stop()
+        status, body, _ = await post(client, url, chat(True))
+        assert status == 502
+        assert orjson.loads(body)["error"]["code"] == "upstream_unreachable"
+        await inflight_returns_to_zero(client, url)
+
+
+async def test_when_every_backend_answers_503_the_last_answer_is_relayed_in_openai_shape() -> None:
+    async with gateway_over(2) as (url, upstreams, client):
+        for upstream in upstreams:
+            await break_first(upstream, "503 answer")
+        status, body, _ = await post(client, url, chat(False))
+        assert status == 503
+        assert orjson.loads(body) == {"error": {"message": "overloaded", "type": "server_error",
+                                                "param": None, "code": 503}}
+        assert sum(u.calls for u in upstreams) == 2  # one try each, no more
+        await inflight_returns_to_zero(client, url)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not streamed"])
+async def test_a_backend_4xx_passes_through_normalised_and_is_never_retried(stream: bool) -> None:
+    legacy = (FIXTURES / "vllm-error-legacy.json").read_bytes()
+    expected = orjson.loads((FIXTURES / "vllm-error.json").read_bytes())
+    async with gateway_over(2) as (url, upstreams, client):
+        for upstream in upstreams:
+            upstream.mode, upstream.status, upstream.error_body = "status", 400, legacy
+        status, body, headers = await post(client, url, chat(stream))
+        assert status == 400
+        assert orjson.loads(body) == expected
+        assert sum(u.calls for u in upstreams) == 1
+        assert headers["x-kvgate-backend"] in ("u0", "u1")
+        await inflight_returns_to_zero(client, url)
+
+
+async def test_a_backend_dying_mid_stream_ends_the_stream_with_an_error_event_and_done() -> None:
+    async with gateway_over(1) as (url, (upstream,), client):
+        upstream.mode = "die_mid_stream"
+        status, body, _ = await post(client, url, chat(True))
+        assert status == 200
+        events = events_of(body)
+        assert events[:2] == [e.removeprefix(b"data: ").rstrip(b"\n") for e in GOOD_STREAM[:2]]
+        error = orjson.loads(events[2])["error"]
+        assert error["code"] == "upstream_stream_failed" and "u0" in error["message"]
+        assert events[3:] == [b"[DONE]"]
+        assert upstream.calls == 1  # never retried once bytes reached the client
+        await inflight_returns_to_zero(client, url)
+
+
+async def test_a_stream_the_backend_closes_cleanly_but_unfinished_ends_with_an_error() -> None:
+    async with gateway_over(1) as (url, (upstream,), client):
+        upstream.mode = "end_early"
+        status, body, _ = await post(client, url, chat(True))
+        assert status == 200
+        events = events_of(body)
+        assert len(events) == 4 and events[3] == b"[DONE]"
+        assert orjson.loads(events[2])["error"]["code"] == "upstream_stream_failed"
+        await inflight_returns_to_zero(client, url)
+
+
+async def test_a_silent_backend_times_out_with_504_and_is_not_retried() -> None:
+    async with gateway_over(2, first_byte_timeout_s=0.3) as (url, upstreams, client):
+        for upstream in upstreams:
+            upstream.mode = "silent"
+        status, body, _ = await post(client, url, chat(True))
+        assert status == 504
+        assert orjson.loads(body)["error"]["code"] == "upstream_timeout"
+        assert sum(u.calls for u in upstreams) == 1
+        await inflight_returns_to_zero(client, url)
+
+
+async def test_streamed_bytes_reach_the_client_unchanged_and_the_facts_are_recorded() -> None:
+    outcomes: list[Outcome] = []
+    async with gateway_over(1, on_done=outcomes.append) as (url, _, client):
+        status, body, headers = await post(client, url, chat(True))
+        assert status == 200
+        assert body == b"".join(GOOD_STREAM)
+        assert headers["Content-Type"].startswith("text/event-stream")
+        assert headers["x-kvgate-model"] == MODEL
+        await inflight_returns_to_zero(client, url)
+    (outcome,) = outcomes
+    assert (outcome.backend_id, outcome.policy, outcome.attempts) == ("u0", "round_robin", 1)
+    assert outcome.finish_reason == "stop" and outcome.error is None
+    assert outcome.usage == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert outcome.ttft_s is not None and 0 <= outcome.ttft_s <= outcome.duration_s
+
+
+async def test_a_mid_stream_failure_is_recorded_as_an_error() -> None:
+    outcomes: list[Outcome] = []
+    async with gateway_over(1, on_done=outcomes.append) as (url, (upstream,), client):
+        upstream.mode = "die_mid_stream"
+        await post(client, url, chat(True))
+        await inflight_returns_to_zero(client, url)
+    (outcome,) = outcomes
+    assert outcome.error is not None and "mid-stream" in outcome.error
+    assert outcome.finish_reason is None

@@ -1,0 +1,325 @@
+"""The Fleet and its ledger, as rules: health, freshness, models, leases, effective free KV."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from routing.fleet import Fleet, effective_free_blocks
+from routing.state import BackendSnapshot, BackendSpec, Candidate
+
+MAX_AGE = 1.0
+ADMIN_FIELDS = {  # DESIGN.md's /admin/backends example
+    "id", "url", "models", "format", "healthy", "kv_total_blocks", "kv_free_blocks", "kv_usage",
+    "block_size", "running", "waiting", "inflight", "reserved_blocks", "last_poll_age_ms",
+}
+
+
+def spec(backend_id: str, models: tuple[str, ...] = ("m",)) -> BackendSpec:
+    return BackendSpec(id=backend_id, url=f"http://127.0.0.1:1/{backend_id}", models=models)
+
+
+def snapshot(taken_at: float, free: int = 600, total: int = 1000, **kw: object) -> BackendSnapshot:
+    fields: dict[str, object] = dict(
+        format="vllm", kv_total_blocks=total, kv_free_blocks=free, kv_usage=1 - free / total,
+        block_size=16, running=3, waiting=0,
+    )
+    fields.update(kw)
+    return BackendSnapshot(taken_at=taken_at, **fields)  # type: ignore[arg-type]
+
+
+def fleet(*ids: str, threshold: int = 3) -> Fleet:
+    return Fleet([spec(i) for i in ids or ("a",)], max_snapshot_age=MAX_AGE,
+                 failure_threshold=threshold)
+
+
+def only(f: Fleet, now: float, backend_id: str = "a") -> Candidate:
+    return f.candidate(backend_id, now)
+
+
+# Health.
+
+
+def test_a_backend_is_unhealthy_until_its_first_scrape() -> None:
+    f = fleet()
+    assert not f.is_healthy("a") and f.candidates("m", 0.0) == []
+    f.record_scrape("a", snapshot(0.0))
+    assert f.is_healthy("a") and [c.id for c in f.candidates("m", 0.0)] == ["a"]
+
+
+def test_a_successful_call_that_is_not_a_scrape_makes_it_healthy() -> None:
+    f = fleet()
+    f.record_success("a", 0.0)
+    assert f.is_healthy("a")
+
+
+@pytest.mark.parametrize("threshold", [1, 3, 5])
+def test_k_consecutive_failures_mark_a_backend_unhealthy(threshold: int) -> None:
+    f = fleet(threshold=threshold)
+    f.record_scrape("a", snapshot(0.0))
+    for i in range(threshold - 1):
+        f.record_failure("a", float(i))
+        assert f.is_healthy("a"), f"unhealthy after {i + 1} of {threshold}"
+    f.record_failure("a", 9.0)
+    assert not f.is_healthy("a")
+    assert f.consecutive_failures("a") == threshold
+
+
+def test_a_success_between_failures_resets_the_count() -> None:
+    f = fleet(threshold=2)
+    f.record_scrape("a", snapshot(0.0))
+    f.record_failure("a", 1.0)
+    f.record_success("a", 2.0)
+    f.record_failure("a", 3.0)
+    assert f.is_healthy("a") and f.consecutive_failures("a") == 1
+
+
+def test_an_unhealthy_backend_is_restored_by_a_scrape_and_gets_no_traffic_until_then() -> None:
+    f = fleet("a", "b", threshold=1)
+    for i in ("a", "b"):
+        f.record_scrape(i, snapshot(0.0))
+    f.record_failure("a", 1.0)
+    assert [c.id for c in f.candidates("m", 1.0)] == ["b"]
+    f.record_scrape("a", snapshot(2.0))
+    assert [c.id for c in f.candidates("m", 2.0)] == ["a", "b"]
+
+
+def test_an_older_scrape_never_replaces_a_newer_snapshot() -> None:
+    f = fleet()
+    f.record_scrape("a", snapshot(5.0, free=100))
+    f.record_scrape("a", snapshot(4.0, free=900))
+    assert f.snapshot("a") == snapshot(5.0, free=100)
+
+
+# Models.
+
+
+def test_models_come_from_discovery_then_configuration_then_the_metrics() -> None:
+    f = Fleet([spec("conf", ("cfg",)), spec("disc", ()), spec("scraped", ()), spec("none", ())])
+    f.set_models("disc", ("found",))
+    f.record_scrape("scraped", snapshot(0.0, models=("from-labels", "lora-1")))
+    assert [f.models_of(i) for i in ("conf", "disc", "scraped", "none")] == [
+        ("cfg",), ("found",), ("from-labels", "lora-1"), ()
+    ]
+
+
+def test_healthy_models_is_the_sorted_union_over_healthy_backends_only() -> None:
+    f = Fleet([spec("a", ("z", "x")), spec("b", ("y", "x")), spec("down", ("w",))])
+    f.record_success("a", 0.0)
+    f.record_success("b", 0.0)
+    assert f.healthy_models() == ["x", "y", "z"]
+
+
+def test_candidates_serve_the_model_asked_for_or_any_when_none() -> None:
+    f = Fleet([spec("a", ("m1",)), spec("b", ("m2",))])
+    for i in ("a", "b"):
+        f.record_success(i, 0.0)
+    assert [c.id for c in f.candidates("m2", 0.0)] == ["b"]
+    assert [c.id for c in f.candidates(None, 0.0)] == ["a", "b"]
+    assert f.candidates("unknown", 0.0) == []
+
+
+# Freshness.
+
+
+@pytest.mark.parametrize(
+    ("age", "stale"),
+    [(0.0, False), (MAX_AGE, False), (MAX_AGE + 0.001, True)],
+    ids=["just taken", "exactly the maximum age", "older than the maximum age"],
+)
+def test_a_snapshot_older_than_the_maximum_age_is_stale(age: float, stale: bool) -> None:
+    f = fleet()
+    f.record_scrape("a", snapshot(10.0))
+    assert only(f, 10.0 + age).stale is stale
+
+
+def test_a_backend_without_a_snapshot_is_stale() -> None:
+    f = fleet()
+    f.record_success("a", 0.0)
+    assert only(f, 0.0).stale
+
+
+# The ledger and effective free KV.
+
+
+def test_a_request_dispatched_after_the_scrape_reduces_effective_free_blocks() -> None:
+    f = fleet()
+    f.record_scrape("a", snapshot(10.0, free=600))
+    with f.lease("a", 40, 10.2):
+        c = only(f, 10.3)
+        assert (c.dispatched_since_scrape, c.blocks_since_scrape) == (1, 40)
+        assert effective_free_blocks(c) == 560
+    assert effective_free_blocks(only(f, 10.4)) == 600
+
+
+def test_a_request_dispatched_before_the_scrape_is_not_counted_twice() -> None:
+    f = fleet()
+    with f.lease("a", 40, 9.0):
+        f.record_scrape("a", snapshot(10.0, free=600))  # the backend already holds its blocks
+        c = only(f, 10.1)
+        assert (c.inflight, c.reserved_blocks) == (1, 40)
+        assert (c.dispatched_since_scrape, c.blocks_since_scrape) == (0, 0)
+        assert effective_free_blocks(c) == 600
+
+
+def test_fifty_requests_between_two_scrapes_do_not_all_land_on_the_emptiest_backend() -> None:
+    f = fleet("a", "b")
+    f.record_scrape("a", snapshot(10.0, free=600))
+    f.record_scrape("b", snapshot(10.0, free=560))
+    chosen = []
+    leases = []
+    for i in range(50):
+        now = 10.01 + i * 0.001
+        best = max(f.candidates("m", now), key=lambda c: effective_free_blocks(c) or 0)
+        chosen.append(best.id)
+        lease = f.lease(best.id, 20, now)
+        leases.append(lease.acquire())
+    assert 20 <= chosen.count("b") <= 30, chosen  # without the ledger: 50 on "a"
+    for lease in leases:
+        lease.release()
+    assert [(c.inflight, c.reserved_blocks) for c in f.candidates("m", 11.0)] == [(0, 0), (0, 0)]
+
+
+def test_a_stale_snapshot_is_never_read_as_idle() -> None:
+    f = fleet()
+    f.record_scrape("a", snapshot(10.0, free=100, total=1000))
+    c = only(f, 10.0 + 5 * MAX_AGE)
+    assert c.stale
+    assert effective_free_blocks(c) == 100  # its last reading, not the 1000 of an empty backend
+
+
+def test_a_stale_snapshot_is_further_bounded_by_the_ledger() -> None:
+    f = fleet()
+    with f.lease("a", 700, 5.0):  # dispatched before the scrape, still growing
+        f.record_scrape("a", snapshot(10.0, free=600, total=1000))
+        assert effective_free_blocks(only(f, 10.5)) == 600  # fresh: the scrape is trusted
+        assert effective_free_blocks(only(f, 20.0)) == 300  # stale: capacity minus reservations
+
+
+def test_without_a_snapshot_effective_free_blocks_are_unknown_not_all() -> None:
+    f = fleet()
+    f.record_success("a", 0.0)
+    assert effective_free_blocks(only(f, 0.0)) is None
+    f.record_scrape("a", BackendSnapshot(taken_at=0.0, format="tgi", running=2, waiting=0))
+    assert effective_free_blocks(only(f, 0.0)) is None
+
+
+def test_with_no_snapshot_every_inflight_request_counts_as_unseen() -> None:
+    f = fleet()
+    with f.lease("a", 7, 1.0), f.lease("a", 5, 2.0):
+        c = only(f, 3.0)
+        assert (c.inflight, c.reserved_blocks) == (2, 12)
+        assert (c.dispatched_since_scrape, c.blocks_since_scrape) == (2, 12)
+
+
+def test_effective_free_blocks_never_go_negative() -> None:
+    f = fleet()
+    f.record_scrape("a", snapshot(10.0, free=30))
+    with f.lease("a", 50, 10.1):
+        assert effective_free_blocks(only(f, 10.2)) == 0
+
+
+# Leases.
+
+
+def test_lease_releases_on_exception() -> None:
+    f = fleet()
+    with pytest.raises(RuntimeError, match="upstream died"), f.lease("a", 9, 1.0):
+        assert (only(f, 1.0).inflight, only(f, 1.0).reserved_blocks) == (1, 9)
+        raise RuntimeError("upstream died")
+    assert (only(f, 2.0).inflight, only(f, 2.0).reserved_blocks) == (0, 0)
+
+
+async def test_async_lease_releases_on_exception() -> None:
+    f = fleet()
+    with pytest.raises(ValueError, match="client went away"):
+        async with f.lease("a", 9, 1.0):
+            assert only(f, 1.0).inflight == 1
+            raise ValueError("client went away")
+    assert (only(f, 2.0).inflight, only(f, 2.0).reserved_blocks) == (0, 0)
+
+
+def test_lease_releases_exactly_once() -> None:
+    f = fleet()
+    other = f.lease("a", 3, 0.5).acquire()
+    with f.lease("a", 9, 1.0) as lease:
+        lease.release()
+        lease.release()
+        assert (only(f, 1.0).inflight, only(f, 1.0).reserved_blocks) == (1, 3)
+    assert (only(f, 1.0).inflight, only(f, 1.0).reserved_blocks) == (1, 3)
+    other.release()
+
+
+def test_a_lease_is_entered_once() -> None:
+    f = fleet()
+    lease = f.lease("a", 1, 0.0)
+    with lease, pytest.raises(RuntimeError, match="entered once"):
+        lease.acquire()
+    with pytest.raises(RuntimeError, match="entered once"):
+        lease.acquire()
+
+
+def test_a_lease_counts_nothing_until_entered() -> None:
+    f = fleet()
+    f.lease("a", 50, 0.0)
+    assert (only(f, 0.0).inflight, only(f, 0.0).reserved_blocks) == (0, 0)
+
+
+def test_set_blocks_adjusts_the_reservation_at_any_point_before_release() -> None:
+    f = fleet()
+    f.record_scrape("a", snapshot(0.0, free=600))
+    lease = f.lease("a", 10, 1.0)
+    lease.set_blocks(12)  # before dispatch: the reservation it will start with
+    with lease:
+        assert only(f, 1.0).reserved_blocks == 12
+        lease.set_blocks(30)  # e.g. at the first token, with the real prompt usage
+        c = only(f, 1.0)
+        assert (c.reserved_blocks, c.blocks_since_scrape, effective_free_blocks(c)) == (30, 30, 570)
+    lease.set_blocks(99)  # after release: nothing to adjust
+    assert only(f, 2.0).reserved_blocks == 0
+
+
+def test_a_negative_reservation_is_refused() -> None:
+    f = fleet()
+    with pytest.raises(ValueError):
+        f.lease("a", -1, 0.0)
+    with f.lease("a", 1, 0.0) as lease, pytest.raises(ValueError):
+        lease.set_blocks(-5)
+
+
+# Admin rows.
+
+
+def test_admin_rows_have_every_design_field_and_null_where_unknown() -> None:
+    f = Fleet([BackendSpec(id="b0", url="http://127.0.0.1:8001", metrics_format="tgi")])
+    (row,) = f.admin_rows(5.0)
+    assert ADMIN_FIELDS <= set(row)
+    assert row["id"] == "b0" and row["url"] == "http://127.0.0.1:8001"
+    assert row["format"] == "tgi" and row["healthy"] is False and row["models"] == []
+    for name in ("kv_total_blocks", "kv_free_blocks", "kv_usage", "block_size", "running",
+                 "waiting", "last_poll_age_ms"):
+        assert row[name] is None, name
+    assert (row["inflight"], row["reserved_blocks"]) == (0, 0)
+    json.dumps(row)  # serialisable as it stands
+
+
+def test_admin_rows_report_the_snapshot_the_ledger_and_the_poll_age() -> None:
+    f = Fleet([BackendSpec(id="b0", url="http://127.0.0.1:8001", models=("llama-3-8b",))])
+    snap = dataclasses.replace(snapshot(10.0, free=1204, total=2810), running=37, waiting=2)
+    f.record_scrape("b0", snap)
+    with f.lease("b0", 310, 9.0):
+        (row,) = f.admin_rows(10.084)
+    assert {k: row[k] for k in ADMIN_FIELDS} == {
+        "id": "b0", "url": "http://127.0.0.1:8001", "models": ["llama-3-8b"], "format": "vllm",
+        "healthy": True, "kv_total_blocks": 2810, "kv_free_blocks": 1204,
+        "kv_usage": snap.kv_usage, "block_size": 16, "running": 37, "waiting": 2, "inflight": 1,
+        "reserved_blocks": 310, "last_poll_age_ms": 84.0,
+    }
+    assert row["stale"] is False and row["effective_free_blocks"] == 1204
+
+
+def test_backend_ids_must_be_unique() -> None:
+    with pytest.raises(ValueError, match="unique"):
+        Fleet([spec("a"), spec("a")])

@@ -1,0 +1,117 @@
+"""Every real-format payload in /work/shared/fixtures parses into the values its README lists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from routing.metrics import MetricsError, detect_family, parse_metrics, parse_slots, with_slots
+from routing.state import BackendSnapshot
+
+FIXTURES = Path("/work/shared/fixtures")
+TGI_BUDGET = 131072  # the README's configured max_batch_total_tokens
+
+# file -> (detected family, the fields every parse must produce). kv_free_blocks is checked apart,
+# with the README's tolerance.
+EXPECTED: dict[str, tuple[str, dict[str, Any]]] = {
+    "vllm-v1.prom": ("vllm", dict(
+        format="vllm", kv_usage=0.421682776801406, kv_total_blocks=27313, block_size=16,
+        running=24, waiting=3, preemptions=17, prefix_cache_hit_rate=0.6,
+        models=("meta-llama/Llama-3.1-8B-Instruct", "sql-lora", "chat-lora"),
+    )),
+    "vllm-v0.prom": ("vllm", dict(
+        format="vllm-v0", kv_usage=0.40002746498214775, kv_total_blocks=7282, block_size=16,
+        running=12, waiting=5, preemptions=41, prefix_cache_hit_rate=0.35128,
+        models=("mistralai/Mistral-7B-Instruct-v0.3",),
+    )),
+    "sglang.prom": ("sglang", dict(
+        format="sglang", kv_usage=0.3000033952398737, kv_total_blocks=29453, block_size=16,
+        running=37, waiting=5, preemptions=4, prefix_cache_hit_rate=0.4125,
+        models=("Qwen/Qwen2.5-72B-Instruct",),
+    )),
+    "tgi.prom": ("tgi", dict(
+        format="tgi", kv_usage=61440 / TGI_BUDGET, kv_total_blocks=TGI_BUDGET, block_size=1,
+        running=32, waiting=6, preemptions=None, prefix_cache_hit_rate=None, models=None,
+    )),
+    "llamacpp.prom": ("llamacpp", dict(
+        format="llamacpp", kv_usage=None, kv_total_blocks=None, kv_free_blocks=None,
+        block_size=None, running=2, waiting=1, preemptions=None,
+        prefix_cache_hit_rate=120384 / (48213 + 120384), models=None,
+    )),
+}
+FREE_BLOCKS = {  # file -> (expected, tolerance)
+    "vllm-v1.prom": (15795, 1),  # round((1-u)*(27313-1)); the naive formula gives 15796
+    "vllm-v0.prom": (4369, 0),
+    "sglang.prom": (20617, 0),  # 329872 free tokens in pages of 16
+    "tgi.prom": (TGI_BUDGET - 61440, 0),
+}
+
+
+def parse(name: str, **kwargs: Any) -> BackendSnapshot:
+    return parse_metrics((FIXTURES / name).read_text(), taken_at=12.5, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_fixture_is_detected_by_its_series_names(name: str) -> None:
+    assert detect_family((FIXTURES / name).read_text()) == EXPECTED[name][0]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("configured", [False, True], ids=["auto-detected", "configured"])
+def test_fixture_parses_into_the_readme_values(name: str, configured: bool) -> None:
+    fields = EXPECTED[name][1]
+    snapshot = parse(
+        name,
+        format=fields["format"] if configured else None,
+        max_batch_total_tokens=TGI_BUDGET,
+    )
+    assert snapshot.taken_at == 12.5
+    for field, value in fields.items():
+        got = getattr(snapshot, field)
+        if isinstance(value, float):
+            assert got == pytest.approx(value, rel=1e-12), field
+        else:
+            assert got == value, field
+    if name in FREE_BLOCKS:
+        expected, tolerance = FREE_BLOCKS[name]
+        assert snapshot.kv_free_blocks is not None
+        assert abs(snapshot.kv_free_blocks - expected) <= tolerance
+
+
+def test_vllm_v1_free_blocks_leave_out_the_reserved_null_block() -> None:
+    snapshot = parse("vllm-v1.prom")
+    assert snapshot.kv_free_blocks == round((1 - 0.421682776801406) * (27313 - 1)) == 15795
+
+
+def test_tgi_without_a_configured_budget_has_no_kv_figures() -> None:
+    snapshot = parse("tgi.prom")
+    assert (snapshot.kv_total_blocks, snapshot.kv_free_blocks, snapshot.kv_usage) == (None,) * 3
+    assert snapshot.block_size is None
+    assert (snapshot.running, snapshot.waiting) == (32, 6)
+
+
+def test_llamacpp_slots_give_kv_from_processing_slots_only() -> None:
+    slots = parse_slots((FIXTURES / "llamacpp-slots.json").read_bytes())
+    assert (slots.total_tokens, slots.used_tokens, slots.processing) == (16384, 3097, 2)
+    snapshot = with_slots(parse("llamacpp.prom"), slots)
+    assert snapshot.kv_total_blocks == 16384
+    assert snapshot.kv_free_blocks == 13287
+    assert snapshot.kv_usage == pytest.approx(0.18902587890625)
+    assert snapshot.block_size == 1
+    assert (snapshot.running, snapshot.waiting) == (2, 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "wrong"),
+    [
+        pytest.param("vllm-v1.prom", "sglang", id="vLLM read as SGLang"),
+        pytest.param("sglang.prom", "vllm", id="SGLang read as vLLM"),
+        pytest.param("tgi.prom", "trtllm", id="TGI read as TensorRT-LLM"),
+        pytest.param("llamacpp.prom", "tgi", id="llama.cpp read as TGI"),
+    ],
+)
+def test_a_payload_in_another_format_than_configured_is_an_error(name: str, wrong: str) -> None:
+    with pytest.raises(MetricsError):
+        parse(name, format=wrong)
