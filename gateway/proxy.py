@@ -158,18 +158,22 @@ class Proxy:
         (429/503 with Retry-After when admission refuses, 502/503/504 for backend failures)."""
         timing, routed = call.timing, call.routed
         request[ROUTED] = routed
-        timing.queue_start = timing.route_start = self._clock()
+        start = timing.queue_start = self._clock()
         try:
             dispatch = await self._gate.acquire(call.job)
         except GatewayError as exc:
-            timing.queue_end = timing.route_end = self._clock()
+            timing.queue_end = self._clock()  # refused: all of it was the admission's
             routed.rejection = exc.code or "rejected"
             self._finish(call, None, exc.status, 0, error=exc.message)
             raise
         except asyncio.CancelledError:  # the client hung up while queued: never dispatched
             self._finish(call, None, CLIENT_CLOSED, 0, None, "client gone while queued", True)
             raise
-        timing.queue_end = timing.route_end = self._clock()
+        now = self._clock()
+        # Disjoint parts of TTFT: the wait in the gateway queue, then the decision that placed
+        # the request (its cost estimate and routing; all of acquire when it was not queued).
+        timing.queue_end = timing.route_start = min(start + dispatch.queue_wait_s, now)
+        timing.route_end = now
         failure: GatewayError | web.Response
         while True:
             routed.dispatch = dispatch

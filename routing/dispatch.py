@@ -1,0 +1,418 @@
+"""The per-request decision sequence, and the gateway queue's lifecycle, as one pure object.
+
+`Dispatcher` is what both the live gateway (from asyncio) and the offline fleet simulation (from a
+discrete-event loop) call. It never reads a clock, never awaits and draws randomness only from the
+router's injected Random: every method takes `now` (monotonic seconds, the Fleet's clock).
+
+The sequence for one request (`submit`):
+  cost estimate (routing/cost.py) → prefix chain (routing/prefix.py) → candidates from the Fleet
+  → a TTFT prediction per candidate (routing/ttft.py) → admission (routing/admission.py: admit
+  now | queue | reject 429) → the router's decision among the admissible candidates → a ledger
+  lease of the request's `reserve_blocks` on the chosen backend.
+Queued requests (`Waiting`) leave the queue through `pump` (dispatched as soon as the head of
+their model's queue is admissible somewhere; expired with a 503 once they waited longer than the
+queue timeout) or `cancel` (the client went away). The caller calls `pump` whenever capacity may
+have freed (after `finish`, after a scrape) and at `next_deadline(now)`.
+`finish` releases the lease exactly once and feeds back what the backend reported: the cost
+model's prompt calibration and output-length distribution, and the backend's TTFT/TPOT profile.
+
+Rules
+- With `admission` on, only admissible backends are offered to the router, whatever the policy:
+  the request's prediction fits under the KV high-water mark at an acceptable preemption risk
+  (routing/context.py), and the committed peaks of the gateway's own requests in flight there
+  (uncached prompt plus expected reply, each) plus this one's stay under the mark too. The second
+  rule covers what a scrape cannot show yet: requests accepted but not yet allocated, and the
+  growth still ahead of running ones. A request too large for every backend's high-water mark is
+  sent anyway (the backend's own limits decide).
+  With it off, every policy sees every healthy candidate and nothing queues (pure policies, for
+  comparisons).
+- Queues are per model, strict priority between classes, fair between tenants, FIFO within one
+  (routing/admission.py); the head of a queue is never overtaken, so a large request is not
+  starved by smaller ones behind it.
+- The prefix index learns a chain at dispatch (the backend will hold it from its first token on),
+  and the session table maps a session to its last backend.
+
+The values it takes and returns (Job, Completion, Dispatch, Waiting, Rejection, Pumped, the
+decision reasons) live in routing/jobs.py and are re-exported here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from routing.admission import AdmissionQueue, DrainRate, Verdict, admit, timed_out
+from routing.context import DEFAULT_MAX_RISK, RouteContext, build_context, is_admissible
+from routing.cost import CostModel, RequestCost
+from routing.jobs import (
+    ADMITTED,
+    CANCELLED,
+    DEFAULT_TENANT,
+    NO_BACKEND,
+    NO_HEALTHY_BACKEND,
+    OVERSIZED,
+    QUEUE_FULL,
+    QUEUE_TIMEOUT,
+    QUEUED,
+    RETRY,
+    TENANT_QUEUE_FULL,
+    UNCHECKED,
+    Completion,
+    Dispatch,
+    Job,
+    Pumped,
+    Rejection,
+    Waiting,
+)
+from routing.ledger import Lease
+from routing.policy import NoCandidate, Router, RouteRequest
+from routing.prefix import DEFAULT_BLOCK_CHARS, PrefixChain, PrefixIndex, prefix_chain
+from routing.state import Candidate
+from routing.ttft import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_HIGH_WATER,
+    BackendProfile,
+    Prediction,
+    ProfileEstimator,
+    predict,
+)
+
+
+class FleetLike(Protocol):
+    """What the Dispatcher needs from routing.fleet.Fleet."""
+
+    def candidates(self, model: str | None, now: float) -> list[Candidate]: ...
+    def lease(self, backend_id: str, blocks: int, now: float) -> Lease: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchConfig:
+    admission: bool = True
+    high_water: float = DEFAULT_HIGH_WATER  # fraction of a backend's KV blocks a request may fill
+    max_preemption_risk: float = DEFAULT_MAX_RISK
+    queue_max_depth: int = 1024  # per model
+    queue_timeout_s: float = 30.0
+    queue_max_per_tenant: int | None = None  # per model
+    drain_tau_s: float = 10.0  # time constant of the queue's measured drain rate (Retry-After)
+    prefix_block_chars: int = DEFAULT_BLOCK_CHARS
+    prefix_index_blocks: int = 8192  # per backend
+    sessions: int = 65_536  # sessions remembered (LRU)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.high_water <= 1.0:
+            raise ValueError("high_water must be in (0, 1]")
+        if not 0.0 <= self.max_preemption_risk <= 1.0:
+            raise ValueError("max_preemption_risk must be in [0, 1]")
+        if self.queue_timeout_s <= 0 or self.queue_max_depth < 0 or self.sessions < 1:
+            raise ValueError("queue_timeout_s must be > 0, queue_max_depth >= 0, sessions >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class _Survey:
+    """The candidates for one request, their predictions, and the pool the router may use."""
+
+    candidates: list[Candidate]
+    predictions: dict[str, Prediction]
+    matched: dict[str, int]
+    commits: dict[str, int]  # committed peak blocks the request would add, by backend
+    pool: list[Candidate]
+    reason: str  # ADMITTED, OVERSIZED or UNCHECKED when the pool is usable
+    any_fits: bool
+    all_oversized: bool
+
+
+class Dispatcher:
+    """One per gateway process (or per simulated gateway). Not thread-safe."""
+
+    def __init__(
+        self,
+        fleet: FleetLike,
+        router: Router,
+        cost_model: CostModel | None = None,
+        *,
+        config: DispatchConfig | None = None,
+        profile: BackendProfile | None = None,
+    ) -> None:
+        """`profile`: the prior speed of every backend, refined online per backend."""
+        self.fleet = fleet
+        self.router = router
+        self.cost_model = cost_model or CostModel()
+        self.config = config or DispatchConfig()
+        self._prior = profile or BackendProfile()
+        self._profiles: dict[str, ProfileEstimator] = {}
+        self._prefix = PrefixIndex(self.config.prefix_index_blocks)
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._queues: dict[str, AdmissionQueue[Waiting]] = {}
+        self._drain = DrainRate(self.config.drain_tau_s)
+        self._counts: Counter[tuple[str, str, str]] = Counter()
+        self._committed: dict[str, int] = {}  # peak blocks of in-flight requests, by backend
+
+    # The request's path.
+
+    def submit(self, job: Job, now: float) -> Dispatch | Waiting | Rejection:
+        """Decide for one arriving request: dispatched now, queued, or rejected."""
+        cost = self.cost_model.estimate(job.model, job.prompt, job.max_tokens)
+        if job.prompt_tokens is not None:
+            cost = replace(cost, prompt_tokens=max(1, job.prompt_tokens), exact=True)
+        chain = prefix_chain(job.prompt, model=job.model, cache_salt=job.cache_salt,
+                             block_chars=self.config.prefix_block_chars)
+        survey = self._survey(job, cost, chain, now, exclude=())
+        if not survey.candidates:
+            return self._no_backend(job, 0.0, None)
+        if not self.config.admission:
+            return self._dispatch(job, cost, chain, survey, now, None, 1, ())
+        queue = self._queue(job.model)
+        verdict = admit(any_fits=survey.any_fits, all_oversized=survey.all_oversized,
+                        priority=job.priority, tenant=job.tenant, queue=queue,
+                        drain_per_s=self._drain.per_second(now))
+        if verdict.verdict is Verdict.ADMIT:
+            return self._dispatch(job, cost, chain, survey, now, None, 1, ())
+        if verdict.verdict is Verdict.QUEUE:
+            waiting = Waiting(job, cost, chain, now)
+            queue.push(waiting, priority=job.priority, tenant=job.tenant, now=now)
+            return waiting
+        code = QUEUE_FULL if queue.depth >= queue.max_depth else TENANT_QUEUE_FULL
+        return self._reject(job, verdict.status or 429, code, verdict.reason,
+                            verdict.retry_after_s, 0.0, None)
+
+    def pump(self, now: float) -> Pumped:
+        """Expire queued requests past the timeout, then dispatch queue heads while they are
+        admissible somewhere. Call after `finish`, after each scrape and at `next_deadline()`."""
+        rejected: list[Rejection] = []
+        dispatched: list[Dispatch] = []
+        timeout = self.config.queue_timeout_s
+        for queue in self._queues.values():
+            for waiting in queue.expired(now, timeout):
+                decision = timed_out(queue.depth, self._drain.per_second(now))
+                rejected.append(self._reject(
+                    waiting.job, decision.status or 503, QUEUE_TIMEOUT,
+                    f"waited {now - waiting.enqueued_at:.1f} s in the gateway queue, longer than "
+                    f"the {timeout:g} s timeout", decision.retry_after_s,
+                    now - waiting.enqueued_at, waiting))
+            while (head := queue.peek_next()) is not None:
+                survey = self._survey(head.job, head.cost, head.chain, now, exclude=())
+                if not survey.any_fits and not survey.all_oversized:
+                    break  # the head waits for capacity; nothing behind it overtakes
+                queue.pop_next()
+                self._drain.record(now)
+                out = self._dispatch(head.job, head.cost, head.chain, survey, now, head, 1, ())
+                if isinstance(out, Dispatch):
+                    dispatched.append(out)
+                else:
+                    rejected.append(out)
+        return Pumped(tuple(dispatched), tuple(rejected))
+
+    def cancel(self, waiting: Waiting, now: float) -> bool:
+        """The client of a queued request went away: drop it without dispatch. False when it is
+        no longer queued (already dispatched or expired: the caller then finishes that)."""
+        queue = self._queues.get(waiting.job.model)
+        if queue is None or not queue.remove(waiting):
+            return False
+        self._counts[(self.router.name, NO_BACKEND, CANCELLED)] += 1
+        return True
+
+    def reroute(self, dispatch: Dispatch, now: float) -> Dispatch | None:
+        """After a failure before the first byte: finish `dispatch` (no feedback) and dispatch
+        again on an admissible backend not tried yet; None when there is none (the caller reports
+        the failure). Never queues: the client has already waited once."""
+        self.finish(dispatch, now)
+        survey = self._survey(dispatch.job, dispatch.cost, dispatch.chain, now,
+                              exclude=dispatch.tried)
+        if not survey.pool:
+            return None
+        out = self._dispatch(dispatch.job, dispatch.cost, dispatch.chain, survey, now,
+                             dispatch.waiting, dispatch.attempt + 1, dispatch.tried,
+                             queue_wait_s=dispatch.queue_wait_s, reason=RETRY)
+        return out if isinstance(out, Dispatch) else None
+
+    def set_usage(self, dispatch: Dispatch, prompt_tokens: int, completion_tokens: int) -> None:
+        """Usage reported while the request still runs: its reservation becomes what it holds now
+        plus what it is still expected to add."""
+        if dispatch.finished:
+            return
+        expected = max(completion_tokens, dispatch.cost.output_p90, math.ceil(
+            dispatch.cost.output_mean))
+        dispatch.lease.set_blocks(-(-(prompt_tokens + expected) // dispatch.block_size))
+
+    def finish(self, dispatch: Dispatch, now: float, completion: Completion | None = None) -> None:
+        """The attempt is over: release its lease (once; later calls do nothing) and learn from
+        `completion`. Then call `pump(now)`: capacity may have freed."""
+        if dispatch.finished:
+            return
+        dispatch.finished = True
+        dispatch.lease.release()
+        self._committed[dispatch.backend_id] -= dispatch.committed_blocks
+        if completion is None:
+            return
+        calibrate = dispatch.job.prompt_tokens is None  # token-id prompts have no characters
+        self.cost_model.observe(
+            dispatch.cost,
+            prompt_tokens=completion.prompt_tokens if calibrate else None,
+            completion_tokens=completion.completion_tokens,
+        )
+        pred = dispatch.prediction
+        if pred is None:
+            return
+        estimator = self._estimator(dispatch.backend_id)
+        if completion.ttft_s is not None and completion.ttft_s >= 0.0:
+            estimator.observe_ttft(pred.prefill_tokens, pred.batch, completion.ttft_s)
+        if completion.tpot_s is not None and completion.tpot_s > 0.0:
+            estimator.observe_tpot(pred.batch, completion.tpot_s)
+
+    # Reading.
+
+    def next_deadline(self, now: float) -> float | None:
+        """When the longest-waiting queued request times out (`pump` at that time answers it);
+        None with nothing queued."""
+        waits = [q.oldest_wait(now) for q in self._queues.values() if q.depth]
+        return now - max(waits) + self.config.queue_timeout_s if waits else None
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(q.depth for q in self._queues.values())
+
+    def queue_depths(self) -> dict[str, int]:
+        """Queued requests by model."""
+        return {model: q.depth for model, q in self._queues.items() if q.depth}
+
+    def decision_counts(self) -> Mapping[tuple[str, str, str], int]:
+        """Decisions so far by (policy, backend id or "-", reason): a read-only view that grows."""
+        return self._counts
+
+    def profile(self, backend_id: str) -> BackendProfile:
+        return self._estimator(backend_id).profile()
+
+    # Internals.
+
+    def _queue(self, model: str) -> AdmissionQueue[Waiting]:
+        queue = self._queues.get(model)
+        if queue is None:
+            queue = AdmissionQueue[Waiting](self.config.queue_max_depth,
+                                            max_per_tenant=self.config.queue_max_per_tenant)
+            self._queues[model] = queue
+        return queue
+
+    def _estimator(self, backend_id: str) -> ProfileEstimator:
+        estimator = self._profiles.get(backend_id)
+        if estimator is None:
+            estimator = self._profiles[backend_id] = ProfileEstimator(self._prior)
+        return estimator
+
+    def _survey(self, job: Job, cost: RequestCost, chain: PrefixChain, now: float,
+                exclude: Sequence[str]) -> _Survey:
+        candidates = self.fleet.candidates(job.model, now)
+        if exclude:
+            candidates = [c for c in candidates if c.spec.id not in exclude]
+        matched = self._prefix.matches(chain) if chain.blocks else {}
+        predictions: dict[str, Prediction] = {}
+        commits: dict[str, int] = {}
+        high_water = self.config.high_water
+        max_risk = self.config.max_preemption_risk
+        committed = self._committed
+        peak = cost.peak_tokens
+        fitting: list[Candidate] = []
+        for c in candidates:
+            cid = c.spec.id
+            depth = matched.get(cid, 0)
+            cached = cost.prefix_tokens(chain.chars(depth)) if depth else 0
+            estimator = self._profiles.get(cid) or self._estimator(cid)
+            pred = predict(c, cost, cached, estimator.profile(), high_water=high_water)
+            predictions[cid] = pred
+            # What this request adds to the backend's committed peak: its uncached prompt and
+            # its expected reply (cached prefix blocks are shared with whoever cached them).
+            commit = commits[cid] = -(-(peak - cached) // _block_size(c))
+            capacity = _capacity(c)
+            if is_admissible(pred, max_risk) and (
+                capacity is None or committed.get(cid, 0) + commit <= high_water * capacity
+            ):
+                fitting.append(c)
+        all_oversized = bool(candidates) and all(p.oversized for p in predictions.values())
+        if not self.config.admission:
+            pool, reason = candidates, UNCHECKED
+        elif fitting:
+            pool, reason = fitting, ADMITTED
+        elif all_oversized:
+            pool, reason = candidates, OVERSIZED
+        else:
+            pool, reason = [], ADMITTED
+        return _Survey(candidates, predictions, matched, commits, pool, reason, bool(fitting),
+                       all_oversized)
+
+    def _dispatch(self, job: Job, cost: RequestCost, chain: PrefixChain, survey: _Survey,
+                  now: float, waiting: Waiting | None, attempt: int, tried: tuple[str, ...],
+                  *, queue_wait_s: float | None = None, reason: str | None = None
+                  ) -> Dispatch | Rejection:
+        wait = (now - waiting.enqueued_at if waiting is not None else 0.0) \
+            if queue_wait_s is None else queue_wait_s
+        ctx: RouteContext = build_context(
+            survey.pool, cost, predictions=survey.predictions, chain=chain,
+            matched_blocks=survey.matched, session_backend=self._session_backend(job.session),
+            max_risk=self.config.max_preemption_risk)
+        request = RouteRequest(model=job.model, prompt_tokens=cost.prompt_tokens,
+                               max_tokens=job.max_tokens, stream=job.stream, context=ctx)
+        try:
+            decision = self.router.route(request, survey.pool)
+        except NoCandidate as exc:
+            return self._no_backend(job, wait, waiting, exc.reason)
+        backend = decision.backend_id
+        block_size = _block_size(decision.backend)
+        lease = self.fleet.lease(backend, cost.reserve_blocks(block_size), now).acquire()
+        commit = survey.commits.get(backend, 0)
+        self._committed[backend] = self._committed.get(backend, 0) + commit
+        if chain.blocks:
+            self._prefix.record(backend, chain)
+        if job.session is not None:
+            self._sessions[job.session] = backend
+            self._sessions.move_to_end(job.session)
+            if len(self._sessions) > self.config.sessions:
+                self._sessions.popitem(last=False)
+        why = reason or (QUEUED if waiting is not None and survey.reason == ADMITTED
+                         else survey.reason)
+        self._counts[(decision.policy, backend, why)] += 1
+        return Dispatch(job=job, cost=cost, chain=chain, decision=decision,
+                        prediction=survey.predictions.get(backend), lease=lease,
+                        dispatched_at=now, queue_wait_s=wait, attempt=attempt,
+                        tried=(*tried, backend), waiting=waiting, reason=why,
+                        block_size=block_size, committed_blocks=commit)
+
+    def _session_backend(self, session: str | None) -> str | None:
+        return None if session is None else self._sessions.get(session)
+
+    def _no_backend(self, job: Job, wait: float, waiting: Waiting | None,
+                    why: str | None = None) -> Rejection:
+        message = why or f"no healthy backend serves {job.model!r}"
+        return self._reject(job, 503, NO_HEALTHY_BACKEND, message, None, wait, waiting)
+
+    def _reject(self, job: Job, status: int, code: str, message: str, retry_after_s: int | None,
+                wait: float, waiting: Waiting | None) -> Rejection:
+        self._counts[(self.router.name, NO_BACKEND, code)] += 1
+        return Rejection(job, status, code, message, retry_after_s, wait, waiting)
+
+
+def _block_size(candidate: Candidate) -> int:
+    """The backend's KV block size in tokens (1 for a token budget such as TGI's)."""
+    snap = candidate.snapshot
+    if snap is not None and snap.block_size:
+        return snap.block_size
+    if (snap is None or not snap.kv_total_blocks) and candidate.spec.max_batch_total_tokens:
+        return 1
+    return DEFAULT_BLOCK_SIZE
+
+
+def _capacity(candidate: Candidate) -> int | None:
+    """KV capacity in the backend's blocks (a TGI token budget in tokens); None if unknown."""
+    snap = candidate.snapshot
+    if snap is not None and snap.kv_total_blocks:
+        return snap.kv_total_blocks
+    return candidate.spec.max_batch_total_tokens
+
+
+__all__ = [
+    "ADMITTED", "CANCELLED", "DEFAULT_TENANT", "NO_BACKEND", "NO_HEALTHY_BACKEND", "OVERSIZED",
+    "QUEUED", "QUEUE_FULL", "QUEUE_TIMEOUT", "RETRY", "TENANT_QUEUE_FULL", "UNCHECKED",
+    "Completion", "Dispatch", "DispatchConfig", "Dispatcher", "FleetLike", "Job", "Pumped",
+    "Rejection", "Waiting",
+]

@@ -1,0 +1,150 @@
+"""The policy registry: every routing policy by name, each a composition of filters, scorers
+(with named, overridable weights) and a picker.
+
+- round_robin: rotation over the healthy candidates.
+- random: uniform choice.
+- least_request: fewest requests in flight from this gateway (least_request 1).
+- power_of_two: two drawn at random, the one with fewer in flight (least_request 1).
+- kv_util: the Gateway API Inference Extension's default: queue 2, kv_cache 2, prefix 3.
+- prefix_hash: consistent hashing of the prefix with bounded load, 1.25 x mean (prefix_hash 1).
+- cost (the default): KV high-water filter; ttft 1, preemption 1, prefix 0.3 (load-bounded),
+  session 0.3.
+
+`cost` ranks by predicted time to first token (queued prefill ahead, own uncached prefill, wait
+for KV blocks, one step: routing/ttft.py) after dropping backends the request would push past
+their KV high-water mark; prefix affinity and session affinity are preferences on top, the former
+bounded by load so a hot prefix never piles onto one saturated backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from routing.policy import (
+    Filter,
+    HealthyFilter,
+    MaxScorePicker,
+    Picker,
+    PolicyContext,
+    PolicyFactory,
+    RoundRobinPicker,
+    Router,
+    Scorer,
+    Weighted,
+)
+from routing.scorers import (
+    HighWaterFilter,
+    KvUtilizationScorer,
+    LeastRequestScorer,
+    PowerOfTwoPicker,
+    PreemptionScorer,
+    PrefixAffinityScorer,
+    PrefixHashScorer,
+    QueueScorer,
+    RandomPicker,
+    SessionAffinityScorer,
+    TtftScorer,
+)
+
+DEFAULT_POLICY = "cost"
+
+# Named scorers of one policy, with their default weights, built fresh per Router.
+ScorerSpecs = Mapping[str, tuple[Callable[[PolicyContext], Scorer], float]]
+
+
+def _compose(
+    name: str,
+    ctx: PolicyContext,
+    picker: Picker,
+    scorers: ScorerSpecs,
+    filters: tuple[Filter, ...] = (),
+) -> Router:
+    unknown = sorted(set(ctx.weights) - set(scorers))
+    if unknown:
+        known = ", ".join(sorted(scorers)) or "none"
+        raise ValueError(f"policy {name!r} has no scorer {unknown[0]!r} (its scorers: {known})")
+    weighted = tuple(
+        Weighted(make(ctx), ctx.weights.get(key, default))
+        for key, (make, default) in scorers.items()
+    )
+    return Router(name, filters=(HealthyFilter(), *filters), scorers=weighted, picker=picker)
+
+
+def scorer_names(policy: str) -> tuple[str, ...]:
+    """The weight names a policy accepts (empty for policies without scorers)."""
+    return tuple(sorted(_SCORERS.get(policy, {})))
+
+
+def _least_request(_: PolicyContext) -> Scorer:
+    return LeastRequestScorer()
+
+
+def _prefix_bounded(ctx: PolicyContext) -> Scorer:
+    return PrefixAffinityScorer(load_bound=ctx.prefix_load_bound)
+
+
+def _prefix_hash(ctx: PolicyContext) -> Scorer:
+    return PrefixHashScorer(bound=ctx.prefix_load_bound, depth=ctx.hash_prefix_blocks)
+
+
+_SCORERS: Mapping[str, ScorerSpecs] = MappingProxyType({
+    "round_robin": {},
+    "random": {},
+    "least_request": {"least_request": (_least_request, 1.0)},
+    "power_of_two": {"least_request": (_least_request, 1.0)},
+    "kv_util": {
+        "queue": (lambda _: QueueScorer(), 2.0),
+        "kv_cache": (lambda _: KvUtilizationScorer(), 2.0),
+        "prefix": (lambda _: PrefixAffinityScorer(), 3.0),
+    },
+    "prefix_hash": {"prefix_hash": (_prefix_hash, 1.0)},
+    "cost": {
+        "ttft": (lambda _: TtftScorer(), 1.0),
+        "preemption": (lambda _: PreemptionScorer(), 1.0),
+        "prefix": (_prefix_bounded, 0.3),
+        "session": (lambda _: SessionAffinityScorer(), 0.3),
+    },
+})
+
+
+def _round_robin(ctx: PolicyContext) -> Router:
+    return _compose("round_robin", ctx, RoundRobinPicker(ctx.rng), _SCORERS["round_robin"])
+
+
+def _random(ctx: PolicyContext) -> Router:
+    return _compose("random", ctx, RandomPicker(ctx.rng), _SCORERS["random"])
+
+
+def _least_request_policy(ctx: PolicyContext) -> Router:
+    return _compose("least_request", ctx, MaxScorePicker(ctx.rng), _SCORERS["least_request"])
+
+
+def _power_of_two(ctx: PolicyContext) -> Router:
+    return _compose("power_of_two", ctx, PowerOfTwoPicker(ctx.rng), _SCORERS["power_of_two"])
+
+
+def _kv_util(ctx: PolicyContext) -> Router:
+    return _compose("kv_util", ctx, MaxScorePicker(ctx.rng), _SCORERS["kv_util"])
+
+
+def _prefix_hash_policy(ctx: PolicyContext) -> Router:
+    return _compose("prefix_hash", ctx, MaxScorePicker(ctx.rng), _SCORERS["prefix_hash"])
+
+
+def _cost(ctx: PolicyContext) -> Router:
+    return _compose(
+        "cost", ctx, MaxScorePicker(ctx.rng), _SCORERS["cost"], filters=(HighWaterFilter(),)
+    )
+
+
+# The one registry of policies by name.
+POLICIES: Mapping[str, PolicyFactory] = MappingProxyType({
+    "round_robin": _round_robin,
+    "random": _random,
+    "least_request": _least_request_policy,
+    "power_of_two": _power_of_two,
+    "kv_util": _kv_util,
+    "prefix_hash": _prefix_hash_policy,
+    "cost": _cost,
+})

@@ -1,0 +1,300 @@
+"""The Dispatcher: admission, the gateway queue's lifecycle and completion feedback, on a real
+Fleet with scraped snapshots and virtual time."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from routing.dispatch import (
+    ADMITTED,
+    CANCELLED,
+    NO_BACKEND,
+    NO_HEALTHY_BACKEND,
+    OVERSIZED,
+    QUEUE_FULL,
+    QUEUE_TIMEOUT,
+    QUEUED,
+    RETRY,
+    TENANT_QUEUE_FULL,
+    UNCHECKED,
+    Completion,
+    Dispatch,
+    DispatchConfig,
+    Dispatcher,
+    Job,
+    Rejection,
+    Waiting,
+)
+from routing.fleet import Fleet
+from routing.policy import PolicyContext, build_router
+from routing.state import BackendSnapshot, BackendSpec
+
+BLOCK = 16
+SHORT = "hello " * 20  # ~30 tokens
+LONG = "word " * 4000  # 20,000 characters: ~5,000 tokens, ~313 blocks + output
+
+
+def make_fleet(**frees: tuple[int, int]) -> Fleet:
+    """Backends by id: (total blocks, free blocks), scraped at t=0, serving model m."""
+    fleet = Fleet([BackendSpec(b, f"http://127.0.0.1/{b}", ("m",)) for b in frees],
+                  max_snapshot_age=100.0)
+    for b, (total, free) in frees.items():
+        scrape(fleet, b, total, free, at=0.0)
+    return fleet
+
+
+def scrape(fleet: Fleet, backend: str, total: int, free: int, *, at: float,
+           running: int = 0) -> None:
+    fleet.record_scrape(backend, BackendSnapshot(
+        taken_at=at, format="vllm", kv_total_blocks=total, kv_free_blocks=free, block_size=BLOCK,
+        running=running, waiting=0))
+
+
+def dispatcher(fleet: Fleet, policy: str = "cost", **config: object) -> Dispatcher:
+    return Dispatcher(fleet, build_router(policy, PolicyContext(rng=random.Random(0))),
+                      config=DispatchConfig(**config))  # type: ignore[arg-type]
+
+
+def job(name: str, prompt: str = SHORT, *, max_tokens: int | None = 64, priority: int = 0,
+        tenant: str = "t", session: str | None = None) -> Job:
+    return Job(name, "m", prompt, max_tokens=max_tokens, priority=priority, tenant=tenant,
+               session=session)
+
+
+def placed(out: Dispatch | Waiting | Rejection) -> Dispatch:
+    assert isinstance(out, Dispatch), out
+    return out
+
+
+# Admission, as a table: what happens to one arriving request.
+
+@pytest.mark.parametrize(
+    ("free", "queued_ahead", "max_depth", "outcome"),
+    [(1000, 0, 10, "dispatched"), (20, 0, 10, "queued"), (1000, 1, 10, "queued"),
+     (20, 2, 2, "429")],
+    ids=["a request that fits is dispatched at once",
+         "a request that fits nowhere waits in the gateway queue",
+         "a request that fits still waits behind queued requests of its class",
+         "a full queue rejects at once with Retry-After"],
+)
+def test_admission(free: int, queued_ahead: int, max_depth: int, outcome: str) -> None:
+    fleet = make_fleet(a=(1000, 20))
+    d = dispatcher(fleet, queue_max_depth=max_depth)
+    for i in range(queued_ahead):
+        assert isinstance(d.submit(job(f"q{i}", LONG), 0.0), Waiting)
+    scrape(fleet, "a", 1000, free, at=0.5)
+    out = d.submit(job("new"), 1.0)
+    if outcome == "dispatched":
+        assert placed(out).backend_id == "a"
+    elif outcome == "queued":
+        assert isinstance(out, Waiting)
+    else:
+        assert isinstance(out, Rejection)
+        assert (out.status, out.code) == (429, QUEUE_FULL)
+        assert out.retry_after_s is not None and out.retry_after_s >= 1
+
+
+def test_a_tenant_over_its_share_is_rejected_while_others_still_queue() -> None:
+    d = dispatcher(make_fleet(a=(1000, 20)), queue_max_per_tenant=1)
+    assert isinstance(d.submit(job("1", tenant="greedy"), 0.0), Waiting)
+    out = d.submit(job("2", tenant="greedy"), 0.0)
+    assert isinstance(out, Rejection) and (out.status, out.code) == (429, TENANT_QUEUE_FULL)
+    assert isinstance(d.submit(job("3", tenant="polite"), 0.0), Waiting)
+
+
+def test_no_healthy_backend_is_a_503_not_a_queue() -> None:
+    fleet = Fleet([BackendSpec("a", "http://127.0.0.1/a", ("m",))])  # never scraped: unhealthy
+    out = dispatcher(fleet).submit(job("x"), 0.0)
+    assert isinstance(out, Rejection) and (out.status, out.code) == (503, NO_HEALTHY_BACKEND)
+
+
+def test_a_request_too_large_for_any_high_water_mark_is_sent_anyway() -> None:
+    out = placed(dispatcher(make_fleet(a=(100, 100))).submit(job("big", LONG), 0.0))
+    assert out.reason == OVERSIZED
+
+
+def test_with_admission_off_nothing_queues_and_the_policy_alone_decides() -> None:
+    d = dispatcher(make_fleet(a=(1000, 10)), admission=False)
+    assert placed(d.submit(job("x", LONG), 0.0)).reason == UNCHECKED
+    assert d.queue_depth == 0
+
+
+def test_the_lease_reserves_the_requests_conservative_blocks() -> None:
+    fleet = make_fleet(a=(1000, 1000))
+    out = placed(dispatcher(fleet).submit(job("x", max_tokens=64), 0.0))
+    assert out.lease.blocks == out.cost.reserve_blocks(BLOCK)
+    assert fleet.candidate("a", 0.0).reserved_blocks == out.lease.blocks
+
+
+# The queue's lifecycle.
+
+def test_a_queued_request_leaves_the_queue_as_soon_as_a_completion_frees_capacity() -> None:
+    fleet = make_fleet(a=(600, 600))
+    d = dispatcher(fleet)
+    first = placed(d.submit(job("first", LONG, max_tokens=200), 0.0))
+    second = d.submit(job("second", LONG, max_tokens=200), 0.1)
+    assert isinstance(second, Waiting)  # ~325 blocks each: both do not fit under 540
+    assert d.pump(0.2).dispatched == ()
+    d.finish(first, 0.3)
+    pumped = d.pump(0.3)
+    (dispatched,) = pumped.dispatched
+    assert dispatched.waiting is second and dispatched.reason == QUEUED
+    assert dispatched.queue_wait_s == pytest.approx(0.2)
+
+
+def test_a_queued_request_leaves_the_queue_when_a_new_scrape_shows_room() -> None:
+    fleet = make_fleet(a=(1000, 50))
+    d = dispatcher(fleet)
+    waiting = d.submit(job("x"), 0.0)
+    assert isinstance(waiting, Waiting)
+    scrape(fleet, "a", 1000, 900, at=0.25)
+    (dispatched,) = d.pump(0.25).dispatched
+    assert dispatched.waiting is waiting
+
+
+def test_a_queued_request_past_the_timeout_gets_503_with_retry_after() -> None:
+    d = dispatcher(make_fleet(a=(1000, 20)), queue_timeout_s=5.0)
+    waiting = d.submit(job("x"), 1.0)
+    assert d.next_deadline(2.0) == pytest.approx(6.0)
+    assert d.pump(5.9).rejected == ()
+    (rejected,) = d.pump(6.1).rejected
+    assert rejected.waiting is waiting
+    assert (rejected.status, rejected.code) == (503, QUEUE_TIMEOUT)
+    assert rejected.retry_after_s is not None and rejected.queue_wait_s == pytest.approx(5.1)
+    assert d.queue_depth == 0 and d.next_deadline(7.0) is None
+
+
+def test_a_cancelled_request_leaves_the_queue_without_dispatch() -> None:
+    fleet = make_fleet(a=(1000, 20))
+    d = dispatcher(fleet)
+    waiting = d.submit(job("x"), 0.0)
+    assert isinstance(waiting, Waiting)
+    assert d.cancel(waiting, 0.5) is True
+    assert d.cancel(waiting, 0.6) is False  # once
+    scrape(fleet, "a", 1000, 1000, at=1.0)
+    pumped = d.pump(1.0)
+    assert pumped.dispatched == () and pumped.rejected == ()
+    assert d.decision_counts()[("cost", NO_BACKEND, CANCELLED)] == 1
+
+
+def test_a_higher_priority_class_leaves_the_queue_first() -> None:
+    fleet = make_fleet(a=(1000, 20))
+    d = dispatcher(fleet)
+    low = d.submit(job("low", priority=0), 0.0)
+    high = d.submit(job("high", priority=5), 0.1)
+    assert isinstance(low, Waiting) and isinstance(high, Waiting)
+    scrape(fleet, "a", 1000, 1000, at=1.0)
+    order = [p.waiting for p in d.pump(1.0).dispatched]
+    assert order == [high, low]
+
+
+def test_tenants_take_turns_within_a_class() -> None:
+    fleet = make_fleet(a=(1000, 20))
+    d = dispatcher(fleet)
+    for name, tenant in (("a1", "a"), ("a2", "a"), ("b1", "b")):
+        assert isinstance(d.submit(job(name, tenant=tenant), 0.0), Waiting)
+    scrape(fleet, "a", 1000, 1000, at=1.0)
+    assert [p.job.request_id for p in d.pump(1.0).dispatched] == ["a1", "b1", "a2"]
+
+
+def test_the_head_of_the_queue_is_never_overtaken() -> None:
+    fleet = make_fleet(a=(1000, 300))
+    d = dispatcher(fleet)
+    big = d.submit(job("big", LONG), 0.0)
+    small = d.submit(job("small"), 0.1)  # would fit, but waits behind the head
+    assert isinstance(big, Waiting) and isinstance(small, Waiting)
+    assert d.pump(0.2).dispatched == ()
+
+
+# Retries and feedback.
+
+def test_a_retry_goes_to_a_backend_not_tried_and_releases_the_first_lease() -> None:
+    fleet = make_fleet(a=(1000, 1000), b=(1000, 1000))
+    d = dispatcher(fleet)
+    first = placed(d.submit(job("x"), 0.0))
+    second = d.reroute(first, 0.1)
+    assert second is not None and second.backend_id != first.backend_id
+    assert second.reason == RETRY and second.attempt == 2
+    assert fleet.candidate(first.backend_id, 0.1).inflight == 0
+    assert d.reroute(second, 0.2) is None  # nobody left to try
+    assert fleet.candidate(second.backend_id, 0.2).inflight == 0
+
+
+def test_finish_releases_exactly_once() -> None:
+    fleet = make_fleet(a=(1000, 1000))
+    d = dispatcher(fleet)
+    out = placed(d.submit(job("x"), 0.0))
+    d.finish(out, 1.0)
+    d.finish(out, 1.0)
+    assert fleet.candidate("a", 1.0).inflight == 0
+
+
+def test_completions_calibrate_prompt_tokens_and_learn_output_lengths() -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000)))
+    before = placed(d.submit(job("0", SHORT * 10, max_tokens=None), 0.0)).cost
+    for i in range(60):
+        out = placed(d.submit(job(str(i), SHORT * 10, max_tokens=None), float(i)))
+        d.finish(out, float(i), Completion(prompt_tokens=before.prompt_tokens * 2,
+                                           completion_tokens=40, ttft_s=0.05, tpot_s=0.01))
+    after = placed(d.submit(job("z", SHORT * 10, max_tokens=None), 99.0)).cost
+    assert after.prompt_tokens == pytest.approx(2 * before.prompt_tokens, rel=0.1)
+    assert after.output_p50 < before.output_p50 and after.output_p50 == pytest.approx(40, rel=0.2)
+
+
+def test_completions_teach_the_backends_profile() -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000)))
+    prior = d.profile("a").decode_base_s
+    for i in range(50):
+        out = placed(d.submit(job(str(i)), float(i)))
+        d.finish(out, float(i), Completion(completion_tokens=10, tpot_s=0.05))
+    assert d.profile("a").decode_base_s > prior
+
+
+def test_a_repeated_prefix_returns_to_the_backend_that_served_it() -> None:
+    d = dispatcher(make_fleet(a=(10_000, 10_000), b=(10_000, 10_000), c=(10_000, 10_000)))
+    convo = "system: be brief. " * 200
+    first = placed(d.submit(job("1", convo), 0.0))
+    d.finish(first, 0.5)
+    for i in range(5):
+        again = placed(d.submit(job(str(i), convo + f" turn {i}"), 1.0 + i))
+        assert again.backend_id == first.backend_id
+        d.finish(again, 1.5 + i)
+
+
+def test_decisions_are_counted_by_policy_backend_and_reason() -> None:
+    fleet = make_fleet(a=(1000, 1000))
+    d = dispatcher(fleet, queue_max_depth=1)
+    placed(d.submit(job("1"), 0.0))
+    scrape(fleet, "a", 1000, 10, at=0.1)
+    d.submit(job("2"), 0.2)
+    d.submit(job("3"), 0.2)
+    counts = dict(d.decision_counts())
+    assert counts == {("cost", "a", ADMITTED): 1, ("cost", NO_BACKEND, QUEUE_FULL): 1}
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "random", "least_request", "power_of_two",
+                                    "kv_util", "prefix_hash", "cost"])
+def test_every_policy_runs_through_the_dispatcher_and_respects_admission(policy: str) -> None:
+    fleet = make_fleet(full=(1000, 50), free=(1000, 1000))
+    d = dispatcher(fleet, policy)
+    homes = {placed(d.submit(job(str(i), "x" * 2000), float(i))).backend_id for i in range(6)}
+    assert homes == {"free"}
+
+
+def test_a_scrape_that_does_not_show_requests_in_flight_yet_cannot_make_the_gateway_overcommit(
+) -> None:
+    fleet = make_fleet(a=(1000, 1000))
+    d = dispatcher(fleet)
+    # ~2,500 tokens: ~157 blocks, ~167 at the expected peak; no two share a prefix.
+    outs = [d.submit(job(str(i), f"{i} " + "word " * 2000, max_tokens=200), 0.0)
+            for i in range(7)]
+    admitted = [o for o in outs if isinstance(o, Dispatch)]
+    assert len(admitted) == 5 and all(isinstance(o, Waiting) for o in outs[5:])
+    # The backend has not allocated them yet: its scrape still reads empty. The committed peaks
+    # of what is in flight keep the next request out all the same.
+    scrape(fleet, "a", 1000, 1000, at=1.0, running=0)
+    assert d.pump(1.0).dispatched == ()
+    d.finish(admitted[0], 2.0)
+    assert len(d.pump(2.0).dispatched) == 1

@@ -1,0 +1,257 @@
+"""Filters, scorers and pickers, one rule per row: what each rewards, what each drops."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import replace
+
+import pytest
+
+from routing.context import RouteContext, build_context, kv_utilization, queue_depth
+from routing.cost import RequestCost
+from routing.policy import RouteRequest, Scored
+from routing.prefix import prefix_chain
+from routing.scorers import (
+    UNKNOWN_KV_SCORE,
+    HighWaterFilter,
+    KvUtilizationScorer,
+    LeastRequestScorer,
+    PowerOfTwoPicker,
+    PreemptionScorer,
+    PrefixAffinityScorer,
+    PrefixHashScorer,
+    QueueScorer,
+    RandomPicker,
+    SessionAffinityScorer,
+    TtftScorer,
+)
+from routing.state import BackendSnapshot, BackendSpec, Candidate
+from routing.ttft import BackendProfile, Prediction, predict
+
+PROFILE = BackendProfile()
+TOTAL = 1000
+
+
+def cost(prompt: int = 1600, output: float = 160.0) -> RequestCost:
+    return RequestCost(
+        model="m", prompt_chars=4 * prompt, prompt_tokens=prompt, exact=False,
+        tokens_per_char=0.25, max_tokens=None, output_p50=int(output), output_p90=int(output),
+        output_mean=output, output_var=0.0, typical_prompt_tokens=1000.0,
+        mean_output_all=output, inflight_growth_mean=0.0, inflight_growth_var=0.0,
+    )
+
+
+def cand(backend_id: str, *, free: int | None = TOTAL, total: int | None = TOTAL,
+         running: int = 0, waiting: int | None = 0, inflight: int = 0, stale: bool = False,
+         reserved: int = 0, since: int = 0, since_blocks: int = 0, snapshot: bool = True,
+         weight: float = 1.0) -> Candidate:
+    snap = BackendSnapshot(taken_at=0.0, format="vllm", kv_total_blocks=total,
+                           kv_free_blocks=free, block_size=16, running=running,
+                           waiting=waiting) if snapshot else None
+    spec = BackendSpec(backend_id, f"http://127.0.0.1/{backend_id}", ("m",), weight=weight)
+    return Candidate(spec, True, snap, stale or snap is None, inflight, reserved, since,
+                     since_blocks)
+
+
+def context_for(pool: list[Candidate], request: RequestCost | None = None, *,
+                matched: Mapping[str, int] | None = None, session_backend: str | None = None,
+                prompt: str = "") -> RouteContext:
+    request = request or cost()
+    predictions = {c.id: predict(c, request, 0, PROFILE) for c in pool}
+    chain = prefix_chain(prompt, model="m") if prompt else None
+    return build_context(pool, request, predictions=predictions, chain=chain,
+                         matched_blocks=matched or {}, session_backend=session_backend)
+
+
+def routed(ctx: RouteContext | None) -> RouteRequest:
+    return RouteRequest(model="m", context=ctx)
+
+
+# HighWaterFilter
+
+@pytest.mark.parametrize(
+    ("frees", "kept"),
+    [
+        ({"a": 1000, "b": 50}, ["a"]),
+        ({"a": 1000, "b": 1000}, ["a", "b"]),
+        ({"a": 50, "b": 60}, ["a", "b"]),
+    ],
+    ids=["a backend that cannot fit the request's KV is filtered",
+         "every backend that fits is kept",
+         "when none fits every backend passes: admission already decided to send it"],
+)
+def test_high_water_filter(frees: dict[str, int], kept: list[str]) -> None:
+    pool = [cand(b, free=f) for b, f in frees.items()]
+    survivors = HighWaterFilter().filter(routed(context_for(pool)), pool)
+    assert [c.id for c in survivors] == kept
+
+
+def test_a_backend_of_unknown_kv_capacity_is_not_filtered() -> None:
+    pool = [cand("a", free=None, total=None), cand("b", free=1000)]
+    survivors = HighWaterFilter().filter(routed(context_for(pool)), pool)
+    assert [c.id for c in survivors] == ["a", "b"]
+
+
+def test_a_backend_at_high_preemption_risk_is_filtered() -> None:
+    # 400 free blocks: the request's peak (110 blocks) fits under the mark, but 50 running
+    # sequences each still growing by ~200 tokens will need ~625 more blocks.
+    risky = replace(cost(), inflight_growth_mean=200.0, inflight_growth_var=100.0)
+    pool = [cand("a", free=1000), cand("b", free=600, running=50)]
+    ctx = context_for(pool, risky)
+    assert ctx.predictions["b"].fits and ctx.predictions["b"].preemption_risk > 0.5
+    assert [c.id for c in HighWaterFilter().filter(routed(ctx), pool)] == ["a"]
+
+
+# TtftScorer and PreemptionScorer
+
+def test_ttft_scorer_gives_1_to_the_fastest_and_less_the_longer_the_predicted_ttft() -> None:
+    pool = [cand("fast"), cand("queue4", waiting=4), cand("queue10", waiting=10)]
+    ctx = context_for(pool)
+    scores = {c.id: TtftScorer().score(routed(ctx), c) for c in pool}
+    assert scores["fast"] == 1.0
+    assert 1.0 > scores["queue4"] > scores["queue10"] > 0.0
+    # The score is the ratio of the best prediction to this one.
+    ratio = ctx.best_ttft_s / ctx.predictions["queue10"].predicted_ttft_s
+    assert scores["queue10"] == pytest.approx(ratio)
+
+
+def test_a_backend_that_can_never_fit_the_prompt_scores_zero_on_ttft() -> None:
+    pool = [cand("ok"), cand("tiny", free=10, total=10)]
+    ctx = context_for(pool)
+    assert TtftScorer().score(routed(ctx), pool[1]) == 0.0
+
+
+def test_preemption_scorer_is_one_minus_the_risk() -> None:
+    pool = [cand("a")]
+    fake = Prediction(0, 0, 0, 0, 0.01, 0.3, True, False, 100, 0, 0, "x")
+    ctx = RouteContext(cost=cost(), predictions={"a": fake})
+    assert PreemptionScorer().score(routed(ctx), pool[0]) == pytest.approx(0.7)
+
+
+# Prefix and session affinity
+
+PROMPT = "x" * 256 * 8  # eight prefix blocks
+
+
+@pytest.mark.parametrize(
+    ("matched", "inflight", "bound", "expected"),
+    [(8, 0, None, 1.0), (4, 0, None, 0.5), (0, 0, None, 0.0), (8, 9, None, 1.0),
+     (8, 9, 1.25, 0.0), (8, 1, 1.25, 1.0)],
+    ids=["holding the whole prefix scores 1", "half the prefix scores one half",
+         "none of it scores 0", "without a bound load does not matter",
+         "a backend above the bounded load scores 0 however much it holds",
+         "a backend within the bound keeps its affinity"],
+)
+def test_prefix_affinity(matched: int, inflight: int, bound: float | None,
+                         expected: float) -> None:
+    pool = [cand("a", inflight=inflight), cand("b", inflight=1), cand("c", inflight=1)]
+    ctx = context_for(pool, matched={"a": matched}, prompt=PROMPT)
+    assert PrefixAffinityScorer(bound).score(routed(ctx), pool[0]) == expected
+
+
+@pytest.mark.parametrize(("last", "expected"), [("a", 1.0), ("b", 0.0), (None, 0.0)],
+                         ids=["the session's last backend scores 1", "another backend scores 0",
+                              "no session history scores 0"])
+def test_session_affinity(last: str | None, expected: float) -> None:
+    pool = [cand("a"), cand("b")]
+    ctx = context_for(pool, session_backend=last)
+    assert SessionAffinityScorer().score(routed(ctx), pool[0]) == expected
+
+
+# Load scorers
+
+@pytest.mark.parametrize(("inflight", "expected"), [(0, 1.0), (1, 0.5), (9, 0.1)],
+                         ids=["an idle backend scores 1", "one in flight scores one half",
+                              "the longest queue gets the lowest score"])
+def test_least_request(inflight: int, expected: float) -> None:
+    assert LeastRequestScorer().score(routed(None), cand("a", inflight=inflight)) == expected
+
+
+@pytest.mark.parametrize(
+    ("backend", "expected"), [("short", 1.0), ("mid", 0.5), ("long", 0.0)],
+    ids=["the shortest waiting queue scores 1", "halfway scores one half",
+         "the longest predicted queue gets the lowest score"],
+)
+def test_queue_scorer_is_min_max_normalised_over_the_pool(backend: str, expected: float) -> None:
+    pool = [cand("short", waiting=2), cand("mid", waiting=4, since=2), cand("long", waiting=10)]
+    ctx = context_for(pool)
+    assert QueueScorer().score(routed(ctx), next(c for c in pool if c.id == backend)) == expected
+
+
+def test_queue_depth_of_a_stale_backend_is_the_gateways_in_flight_count() -> None:
+    assert queue_depth(cand("a", waiting=50, stale=True, inflight=3)) == 3.0
+
+
+@pytest.mark.parametrize(
+    ("candidate", "expected"),
+    [(cand("a", free=1000), 1.0), (cand("a", free=250), 0.25),
+     (cand("a", free=500, since_blocks=100), 0.4),
+     (cand("a", free=900, stale=True, reserved=600), 0.4),
+     (cand("a", free=None, total=None), UNKNOWN_KV_SCORE)],
+    ids=["an empty cache scores 1", "a quarter free scores a quarter",
+         "blocks sent since the scrape count as used",
+         "a stale reading is never emptier than the gateway's reservations",
+         "unknown KV use is neither favoured nor shunned"],
+)
+def test_kv_utilization_scorer_is_the_free_fraction(candidate: Candidate,
+                                                    expected: float) -> None:
+    assert KvUtilizationScorer().score(routed(None), candidate) == pytest.approx(expected)
+    if expected != UNKNOWN_KV_SCORE:
+        assert kv_utilization(candidate) == pytest.approx(1.0 - expected)
+
+
+# Prefix hashing
+
+def hash_pick(pool: list[Candidate], prompt: str, scorer: PrefixHashScorer) -> str:
+    ctx = context_for(pool, prompt=prompt)
+    winners = [c.id for c in pool if scorer.score(routed(ctx), c) == 1.0]
+    assert len(winners) == 1
+    return winners[0]
+
+
+def test_requests_sharing_a_prefix_hash_to_the_same_backend() -> None:
+    pool = [cand(f"b{i}") for i in range(4)]
+    scorer = PrefixHashScorer(depth=2)
+    shared = "system prompt " * 100
+    picks = {hash_pick(pool, shared + f" question {i}" * 30, scorer) for i in range(10)}
+    assert len(picks) == 1
+    spread = {hash_pick(pool, f"{i} other prompt " * 100, scorer) for i in range(40)}
+    assert len(spread) == 4  # different prefixes land everywhere
+
+
+def test_a_hot_prefix_spills_to_the_next_backend_past_the_load_bound() -> None:
+    pool = [cand(f"b{i}") for i in range(4)]
+    scorer = PrefixHashScorer(bound=1.25)
+    home = hash_pick(pool, PROMPT, scorer)
+    loaded = [cand(c.id, inflight=8 if c.id == home else 0) for c in pool]
+    assert hash_pick(loaded, PROMPT, scorer) != home
+
+
+# Pickers
+
+def scored(*pairs: tuple[str, float]) -> list[Scored]:
+    return [Scored(cand(b), s) for b, s in pairs]
+
+
+def test_random_picker_ignores_scores_and_visits_every_survivor() -> None:
+    picker = RandomPicker(random.Random(3))
+    counts = Counter(picker.pick(scored(("a", 0.0), ("b", 1.0), ("c", 0.5))).id
+                     for _ in range(600))
+    assert set(counts) == {"a", "b", "c"} and min(counts.values()) > 120
+
+
+def test_power_of_two_never_picks_the_worst_of_three_and_favours_the_best() -> None:
+    picker = PowerOfTwoPicker(random.Random(5))
+    counts = Counter(picker.pick(scored(("a", 0.1), ("b", 0.5), ("c", 0.9))).id
+                     for _ in range(600))
+    assert "a" not in counts  # it always loses its pair
+    assert counts["c"] > counts["b"]  # c wins both of its pairs, b one of two
+
+
+@pytest.mark.parametrize("picker", [RandomPicker(random.Random(0)),
+                                    PowerOfTwoPicker(random.Random(0))],
+                         ids=["random", "power of two"])
+def test_a_single_survivor_is_picked(picker: RandomPicker | PowerOfTwoPicker) -> None:
+    assert picker.pick(scored(("only", 0.0))).id == "only"
