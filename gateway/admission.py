@@ -323,13 +323,13 @@ ROUTED = web.RequestKey("routed", Routed)
 
 
 async def stamp_route(request: web.Request, response: web.StreamResponse) -> None:
-    """x-kvgate-route (policy, predicted TTFT and its parts, why) and x-kvgate-queue-ms (the wait
-    in the gateway queue, 0 when none) on every routed response."""
+    """x-kvgate-route (policy, predicted TTFT and its parts, why) on every routed response.
+    x-kvgate-queue-ms is telemetry's (`gateway.observe.stamp_timing`): arrival → dispatch, as
+    DESIGN.md defines queue time; the admission wait alone is server-timing's `queue` part."""
     routed = request.get(ROUTED)
     if routed is None or routed.dispatch is None:
         return
     response.headers["x-kvgate-route"] = routed.dispatch.route_header()
-    response.headers["x-kvgate-queue-ms"] = f"{routed.queue_s * 1000.0:.1f}"
 
 
 def body_usage(body: object) -> dict[str, Any] | None:

@@ -96,7 +96,7 @@ def create_app(
     app.cleanup_ctx.append(_upstream_client(observer.on_done))
     app.cleanup_ctx.append(_backend_health)
     app.on_response_prepare.append(_stamp_headers)
-    app.on_response_prepare.append(stamp_route)  # after telemetry's: the queue wait wins
+    app.on_response_prepare.append(stamp_route)
     handlers.add_routes(app)
     return app
 

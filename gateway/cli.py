@@ -16,7 +16,9 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "gateway.serve",
     "gateway.demo",
+    "gateway.top",
     "loadtest.sim.cli",
+    "loadtest.simulate_cli",
 )
 
 

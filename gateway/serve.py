@@ -25,6 +25,7 @@ from aiohttp import web
 from gateway.app import create_app
 from gateway.cli import UsageError
 from gateway.config import Settings, load_settings
+from gateway.logsink import configure_access_log
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -71,9 +72,11 @@ def run_on_uvloop(main: Callable[[], Any]) -> None:
 
 
 def configure_logging(level: str) -> None:
+    """Diagnostics to stderr; the JSON access log (one line per request) to stdout."""
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    configure_access_log(level)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -74,7 +74,8 @@ class AccessLog:
             "output_tokens": outcome.output_tokens,
             "queue_ms": _ms(timing.queue_s),
             "ttft_ms": _ms(timing.ttft_s),
-            "tpot_ms": _ms(timing.tpot_s(outcome.output_tokens)),
+            # A JSON answer arrives whole: time per output token is a streaming figure.
+            "tpot_ms": _ms(timing.tpot_s(outcome.output_tokens)) if outcome.stream else None,
             "duration_ms": _ms(timing.duration_s),
         }
         if self._include_prompt and outcome.prompt is not None:
