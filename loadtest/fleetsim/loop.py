@@ -1,0 +1,383 @@
+"""The discrete-event loop: simulated engines behind simulated gateway replicas, in virtual time.
+
+Events, processed in time order (ties in the order they were scheduled):
+- arrival: request i reaches gateway replica i mod R, whose Dispatcher (routing/dispatch.py: the
+  gateway's own cost model, prefix index, ledger, admission queue and router) dispatches, queues
+  or rejects it; a dispatched request is added to its backend's engine at once;
+- step end: an engine's step, computed when it started (`Engine.step`), ends `duration` later and
+  delivers its tokens; finished requests are reported to their replica (`Dispatcher.finish`
+  releases the lease and feeds back usage, TTFT and TPOT), which may then dispatch queued ones;
+  the engine starts its next step at once while it has work;
+- scrape: replica r reads backend b's state into its Fleet (`snapshot`), every scrape interval,
+  backend b offset by b/n of an interval (as the poller staggers them) and each replica at its own
+  seeded phase; all replicas scrape every backend at time 0, before traffic (start-up discovery);
+- deadline: a replica's oldest queued request times out (`Dispatcher.next_deadline`);
+- sample: every `sample_interval_s` of the arrival window, each engine's KV usage, for the load
+  imbalance figure.
+The run ends when every request has completed or been rejected. Nothing reads a clock; the
+replicas' routers draw from Randoms seeded by (seed, policy, replica) and the scrape phases from
+the seed alone, so every policy sees the same scrape instants.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from loadtest.fleetsim.backends import FleetSpec
+from loadtest.fleetsim.snapshot import snapshot
+from loadtest.sim.engine import Engine, SimRequest, StepResult
+from loadtest.workloads import WorkItem
+from routing.cost import CostModel
+from routing.dispatch import Completion, Dispatch, DispatchConfig, Dispatcher, Job, Rejection
+from routing.fleet import Fleet
+from routing.policy import PolicyContext, build_router
+from routing.prefix import conversation_text
+from routing.state import BackendSpec
+
+_ARRIVE, _STEP_END, _SCRAPE, _DEADLINE, _SAMPLE = range(5)
+# Expiry is strict (a request expires once it has waited MORE than the timeout), so the timer
+# fires a hair after the deadline the Dispatcher names.
+_DEADLINE_SLACK_S = 1e-6
+TOO_LONG = "too_long"  # the engine refused the request (prompt + max_tokens over its limits)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    policy: str
+    admission: bool = False
+    scrape_interval_s: float = 0.25
+    max_snapshot_age_s: float = 1.0
+    replicas: int = 1
+    seed: int = 0
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)  # `admission` is overridden
+    weights: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    sample_interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not self.scrape_interval_s > 0 or not self.max_snapshot_age_s > 0:
+            raise ValueError("scrape interval and maximum snapshot age must be > 0")
+        if self.replicas < 1:
+            raise ValueError("replicas must be >= 1")
+        if not self.sample_interval_s > 0:
+            raise ValueError("sample interval must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """One request's fate. Times are absolute virtual seconds; NaN where it never got there."""
+
+    arrival_s: float
+    kind: str
+    prompt_tokens: int
+    output_tokens: int  # tokens delivered (0 when rejected)
+    backend: str | None
+    queue_wait_s: float
+    first_token_s: float
+    end_s: float
+    rejected: str | None  # the Rejection code, or TOO_LONG; None when it completed
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.output_tokens < 2:
+            return None
+        return (self.end_s - self.first_token_s) / (self.output_tokens - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendOutcome:
+    id: str
+    preset: str
+    requests: int  # dispatched to it
+    output_tokens: int
+    preemptions: int
+    prefix_queries_tokens: int
+    prefix_hits_tokens: int
+    mean_kv_usage: float  # over the arrival window's samples
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    policy: str
+    admission: bool
+    seed: int
+    duration_s: float  # the arrival window
+    requests: tuple[RequestOutcome, ...]
+    backends: tuple[BackendOutcome, ...]
+    peak_queue: int  # most requests waiting in the gateway queues at once, all replicas
+    makespan_s: float  # the last completion or rejection
+
+
+class _Backend:
+    __slots__ = ("index", "id", "preset", "engine", "busy", "result", "requests", "kv_samples")
+
+    def __init__(self, index: int, backend_id: str, engine: Engine, preset: str) -> None:
+        self.index = index
+        self.id = backend_id
+        self.preset = preset
+        self.engine = engine
+        self.busy = False
+        self.result: StepResult | None = None
+        self.requests = 0
+        self.kv_samples: list[float] = []
+
+
+class _Replica:
+    __slots__ = ("index", "fleet", "dispatcher", "deadline_at")
+
+    def __init__(self, index: int, fleet: Fleet, dispatcher: Dispatcher) -> None:
+        self.index = index
+        self.fleet = fleet
+        self.dispatcher = dispatcher
+        self.deadline_at: float | None = None
+
+
+class _Run:
+    """The mutable state of one simulation; `simulate` is its only user."""
+
+    def __init__(self, items: Sequence[WorkItem], fleet: FleetSpec, config: SimConfig,
+                 duration_s: float) -> None:
+        self.items = items
+        self.config = config
+        self.duration_s = duration_s
+        self.model = fleet.model
+        self.heap: list[tuple[float, int, int, int]] = []
+        self.order = 0
+        self.backends = [_Backend(i, bid, Engine(p), p.name)
+                         for i, (bid, p) in enumerate(zip(fleet.ids, fleet.presets, strict=True))]
+        self.by_id = {b.id: b for b in self.backends}
+        specs = [BackendSpec(id=b.id, url=f"sim://{b.id}", models=(self.model,))
+                 for b in self.backends]
+        dispatch_config = replace(config.dispatch, admission=config.admission)
+        self.replicas = []
+        for r in range(config.replicas):
+            rng = random.Random(f"kvgate-simulate:{config.seed}:{config.policy}:{r}")
+            router = build_router(config.policy, PolicyContext(rng=rng, weights=config.weights))
+            replica_fleet = Fleet(specs, max_snapshot_age=config.max_snapshot_age_s)
+            self.replicas.append(_Replica(
+                r, replica_fleet, Dispatcher(replica_fleet, router, CostModel(),
+                                             config=dispatch_config)))
+        n = len(items)
+        self.index_of: dict[str, int] = {}
+        self.dispatches: dict[int, Dispatch] = {}
+        self.prompt_len = [0] * n
+        self.backend_of: list[str | None] = [None] * n
+        self.queue_wait = [0.0] * n
+        self.first = [math.nan] * n
+        self.end = [math.nan] * n
+        self.out_tokens = [0] * n
+        self.rejected: list[str | None] = [None] * n
+        self.resolved = 0
+        self.peak_queue = 0
+        self.last_event = 0.0
+
+    def push(self, at: float, kind: int, arg: int) -> None:
+        self.order += 1
+        heapq.heappush(self.heap, (at, self.order, kind, arg))
+
+    def run(self) -> None:
+        config, n_backends = self.config, len(self.backends)
+        interval = config.scrape_interval_s
+        phases = random.Random(f"kvgate-scrape-phase:{config.seed}")
+        for replica in self.replicas:
+            phase = phases.random() * interval
+            for b in self.backends:
+                self.scrape(replica, b, 0.0)
+                first = phase + interval * b.index / n_backends
+                self.push(first, _SCRAPE, replica.index * n_backends + b.index)
+        for i, item in enumerate(self.items):
+            self.push(item.arrival_s, _ARRIVE, i)
+        self.push(0.0, _SAMPLE, 0)
+        total = len(self.items)
+        heap = self.heap
+        while self.resolved < total:
+            if not heap:
+                raise RuntimeError("simulation stalled with requests outstanding")
+            now, _, kind, arg = heapq.heappop(heap)
+            if kind == _STEP_END:
+                self.step_end(self.backends[arg], now)
+            elif kind == _ARRIVE:
+                self.arrive(arg, now)
+            elif kind == _SCRAPE:
+                replica = self.replicas[arg // n_backends]
+                self.scrape(replica, self.backends[arg % n_backends], now)
+                self.pump(replica, now)
+                self.push(now + interval, _SCRAPE, arg)
+            elif kind == _DEADLINE:
+                replica = self.replicas[arg]
+                if replica.deadline_at is not None and now >= replica.deadline_at:
+                    replica.deadline_at = None
+                    self.pump(replica, now)
+            else:
+                self.sample(now)
+        self.check_released()
+
+    def check_released(self) -> None:
+        """Every lease was released exactly once: no replica's ledger holds anything now."""
+        for replica in self.replicas:
+            for b in self.backends:
+                held = replica.fleet.candidate(b.id, self.last_event)
+                if held.inflight or held.reserved_blocks:
+                    raise RuntimeError(f"replica {replica.index} still holds {held.inflight} "
+                                       f"leases on {b.id} after every request ended")
+
+    # Events.
+
+    def arrive(self, i: int, now: float) -> None:
+        item = self.items[i]
+        replica = self.replicas[i % len(self.replicas)]
+        request_id = f"r{i}"
+        self.index_of[request_id] = i
+        job = Job(request_id=request_id, model=self.model,
+                  prompt=conversation_text(item.messages()), max_tokens=item.max_tokens,
+                  session=item.conversation, stream=True)
+        out = replica.dispatcher.submit(job, now)
+        if isinstance(out, Dispatch):
+            self.start(replica, out, now)
+        elif isinstance(out, Rejection):
+            self.reject(i, out.code, now)
+        else:
+            depth = sum(r.dispatcher.queue_depth for r in self.replicas)
+            self.peak_queue = max(self.peak_queue, depth)
+            self.arm_deadline(replica, now)
+
+    def start(self, replica: _Replica, dispatch: Dispatch, now: float) -> None:
+        i = self.index_of[dispatch.job.request_id]
+        item = self.items[i]
+        backend = self.by_id[dispatch.backend_id]
+        prompt = item.prompt_ids()
+        self.prompt_len[i] = len(prompt)
+        self.queue_wait[i] = dispatch.queue_wait_s
+        try:
+            backend.engine.add(SimRequest(dispatch.job.request_id, prompt, item.max_tokens,
+                                          item.output_tokens))
+        except ValueError:
+            replica.dispatcher.finish(dispatch, now, None)
+            self.reject(i, TOO_LONG, now)
+            return
+        self.dispatches[i] = dispatch
+        self.backend_of[i] = backend.id
+        backend.requests += 1
+        if not backend.busy:
+            self.kick(backend, now)
+
+    def kick(self, backend: _Backend, now: float) -> None:
+        """Start the engine's next step, if it has one it can schedule."""
+        if not backend.engine.has_work():
+            return
+        result = backend.engine.step()
+        if result.duration <= 0.0 and not result.events:
+            return  # nothing schedulable: it waits for the next request
+        backend.busy = True
+        backend.result = result
+        self.push(now + result.duration, _STEP_END, backend.index)
+
+    def step_end(self, backend: _Backend, now: float) -> None:
+        result = backend.result
+        assert result is not None
+        backend.busy = False
+        backend.result = None
+        index_of, first = self.index_of, self.first
+        touched: list[_Replica] = []
+        for ev in result.events:
+            if ev.token_index == 0:
+                first[index_of[ev.request_id]] = now
+            if ev.finish_reason is not None:
+                i = index_of.pop(ev.request_id)
+                self.end[i] = now
+                self.out_tokens[i] = ev.token_index + 1
+                self.resolved += 1
+                self.last_event = now
+                replica = self.replicas[i % len(self.replicas)]
+                self.finish(replica, i, now)
+                if replica not in touched:
+                    touched.append(replica)
+        for replica in touched:
+            self.pump(replica, now)
+        if not backend.busy:
+            self.kick(backend, now)
+
+    def finish(self, replica: _Replica, i: int, now: float) -> None:
+        dispatch = self.dispatches.pop(i)
+        n = self.out_tokens[i]
+        tpot = (self.end[i] - self.first[i]) / (n - 1) if n > 1 else None
+        replica.dispatcher.finish(dispatch, now, Completion(
+            prompt_tokens=self.prompt_len[i], completion_tokens=n,
+            ttft_s=self.first[i] - dispatch.dispatched_at, tpot_s=tpot))
+
+    def pump(self, replica: _Replica, now: float) -> None:
+        dispatcher = replica.dispatcher
+        if not dispatcher.queue_depth:
+            return
+        pumped = dispatcher.pump(now)
+        for dispatch in pumped.dispatched:
+            self.start(replica, dispatch, now)
+        for rejection in pumped.rejected:
+            self.reject(self.index_of[rejection.job.request_id], rejection.code, now)
+        self.arm_deadline(replica, now)
+
+    def arm_deadline(self, replica: _Replica, now: float) -> None:
+        deadline = replica.dispatcher.next_deadline(now)
+        if deadline is None:
+            return
+        at = deadline + _DEADLINE_SLACK_S
+        if replica.deadline_at is None or at < replica.deadline_at:
+            replica.deadline_at = at
+            self.push(at, _DEADLINE, replica.index)
+
+    def reject(self, i: int, code: str, now: float) -> None:
+        self.rejected[i] = code
+        self.index_of.pop(f"r{i}", None)
+        self.resolved += 1
+        self.last_event = now
+
+    def scrape(self, replica: _Replica, backend: _Backend, now: float) -> None:
+        replica.fleet.record_scrape(
+            backend.id, snapshot(backend.engine.stats(), model=self.model, taken_at=now))
+
+    def sample(self, now: float) -> None:
+        for b in self.backends:
+            b.kv_samples.append(b.engine.stats().kv_usage)
+        at = now + self.config.sample_interval_s
+        if at < self.duration_s:
+            self.push(at, _SAMPLE, 0)
+
+    # Results.
+
+    def outcome(self) -> RunOutcome:
+        nan = math.nan
+        requests = tuple(
+            RequestOutcome(item.arrival_s, item.kind, self.prompt_len[i] or item.prompt_tokens,
+                           self.out_tokens[i], self.backend_of[i], self.queue_wait[i],
+                           self.first[i] if self.rejected[i] is None else nan,
+                           self.end[i] if self.rejected[i] is None else nan, self.rejected[i])
+            for i, item in enumerate(self.items))
+        backends = []
+        for b in self.backends:
+            stats = b.engine.stats()
+            samples = b.kv_samples
+            backends.append(BackendOutcome(
+                b.id, b.preset, b.requests, stats.generation_tokens_total, stats.preemptions_total,
+                stats.prefix_queries_tokens, stats.prefix_hits_tokens,
+                sum(samples) / len(samples) if samples else 0.0))
+        return RunOutcome(self.config.policy, self.config.admission, self.config.seed,
+                          self.duration_s, requests, tuple(backends), self.peak_queue,
+                          self.last_event)
+
+
+def simulate(items: Sequence[WorkItem], fleet: FleetSpec, config: SimConfig, *,
+             duration_s: float) -> RunOutcome:
+    """Replay `items` (sorted by arrival) against `fleet` under `config`; `duration_s` is the
+    arrival window (the load-imbalance samples cover it). Runs until every request completed or
+    was rejected."""
+    run = _Run(items, fleet, config, duration_s)
+    run.run()
+    return run.outcome()
