@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import NamedTuple
 
 from loadtest.sim.kvcache import BlockPool, chain_hashes
 from loadtest.sim.presets import Derived, Preset, attention_pairs, derive
@@ -47,8 +48,10 @@ class SimRequest:
     extra_key: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
+class TokenEvent(NamedTuple):
+    """One output token. A named tuple, not a frozen dataclass: one is made per token on the
+    engine's hottest path, and a tuple is built about three times faster."""
+
     request_id: str
     token_index: int  # 0 for the first output token
     finish_reason: str | None  # None while running; "stop" | "length" on the last token
