@@ -13,7 +13,8 @@
   `upstream`, `ttft` and `total` of a stream are in the metrics, the spans and the access log.
 - W3C trace context: with tracing on, the backend gets the upstream span's `traceparent`, a child
   of the client's; with tracing off, the client's `traceparent`/`tracestate` go on unchanged.
-- `GET /metrics` renders the one MeterProvider; per-backend gauges read the Fleet at scrape time.
+- `GET /metrics` renders the request histograms and the one MeterProvider; per-backend gauges
+  read the Fleet at scrape time.
 
 Cost: with tracing off and the access log not sampled, a request costs a few small allocations
 and one `Telemetry.request_finished` (see loadtest/bench_gateway_telemetry.py for the figures).

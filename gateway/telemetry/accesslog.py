@@ -49,9 +49,16 @@ class AccessLog:
         return self._rng.random() < rate
 
     def log(self, timing: RequestTiming, outcome: RequestOutcome, trace_id: str | None) -> None:
-        if not self.sampled() or not self._logger.isEnabledFor(logging.INFO):
+        logger = self._logger
+        if not self.sampled() or not logger.isEnabledFor(logging.INFO):
             return
-        self._logger.info(self.line(timing, outcome, trace_id))
+        # `logger.info` without its caller lookup (a walk up the stack for file and line, the
+        # dearest part of a log call): the caller of every access-log line is this method.
+        record = logger.makeRecord(
+            logger.name, logging.INFO, __file__, 0, self.line(timing, outcome, trace_id), (),
+            None, "log",
+        )  # fmt: skip
+        logger.handle(record)
 
     def line(self, timing: RequestTiming, outcome: RequestOutcome, trace_id: str | None) -> str:
         record: dict[str, object] = {

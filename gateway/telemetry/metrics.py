@@ -1,8 +1,9 @@
 """The per-request instruments and the one call that records a finished request into them.
 
 Bucket boundaries are the GenAI semantic conventions' ExplicitBucketBoundaries advice for the
-gen_ai.* histograms, and our own for the gateway queue. The hot path is `record`: a handful of
-histogram records and a few dict increments (see `counters`) per request, nothing per chunk.
+gen_ai.* histograms, and our own for the gateway queue. The hot path is `record`: one memo
+lookup for the request's label set, a handful of histogram records (see `histograms`) and a few
+dict increments (see `counters`) per request, nothing per chunk.
 
 TTFT and TPOT are recorded for successful streamed responses only: without streaming the first
 byte the client sees is the whole answer, and the conventions define both for successful
@@ -17,6 +18,7 @@ from opentelemetry.metrics import Meter
 
 from gateway.telemetry import labels as L
 from gateway.telemetry.counters import CounterSet
+from gateway.telemetry.histograms import HistogramFamily, Series
 from gateway.telemetry.outcome import CACHE_MISS, RequestOutcome
 from gateway.telemetry.timing import RequestTiming
 
@@ -61,45 +63,73 @@ def cache_lookup_table(
     return table
 
 
+class _RequestSeries:
+    """The histogram series one request label set records into, resolved once per label set."""
+
+    __slots__ = ("backend", "duration", "errors", "input_tokens", "output_tokens", "tpot", "ttft",
+                 "values")  # fmt: skip
+
+    def __init__(self, metrics: RequestMetrics, values: tuple[str, ...]) -> None:
+        self.values = values  # guarded (operation, request model, cache, response model, backend)
+        self.backend = values[4]
+        self.ttft = metrics.ttft.series(values)
+        self.tpot = metrics.tpot.series(values)
+        self.duration = metrics.duration.series((*values, ""))
+        self.input_tokens = metrics.token_usage.series((*values, _INPUT))
+        self.output_tokens = metrics.token_usage.series((*values, _OUTPUT))
+        self.errors: dict[str, Series] = {}  # duration series by error.type, as met
+
+
+# Raw label sets remembered → their series. A client can send any number of distinct model names,
+# so the memo is bounded: past this many entries it starts over (the guard bounds the series).
+_MAX_MEMO = 4096
+_REQUEST_KEYS = (L.OPERATION, L.REQUEST_MODEL, L.CACHE_RESULT, L.RESPONSE_MODEL, L.BACKEND)
+
+
 class RequestMetrics:
-    """Creates the request instruments on `meter` and records finished requests into them."""
+    """Creates the request instruments and records finished requests into them.
+
+    The histograms are `HistogramFamily` accumulators (see `histograms`), listed in `histograms`
+    for the Prometheus reader; the counters are `CounterSet`s on `meter`.
+    """
 
     def __init__(self, meter: Meter, guard: L.LabelGuard, cache_tiers: Sequence[str]) -> None:
         self._guard = guard
         self._lookups = cache_lookup_table(cache_tiers)
         self._small = {True: ("true",), False: ("false",)}
-        self.ttft = meter.create_histogram(
-            "gen_ai.server.time_to_first_token",
+        self._memo: dict[tuple[str, str, str, str | None, str | None], _RequestSeries] = {}
+        self._queue_memo: dict[tuple[str, str], Series] = {}
+        self.ttft = HistogramFamily(
+            "gen_ai.server.time_to_first_token", _REQUEST_KEYS, TTFT_BUCKETS,
             unit="s",
             description="Arrival at the gateway to the first content byte sent to the client,"
             " gateway queue included, for successful streamed responses.",
-            explicit_bucket_boundaries_advisory=TTFT_BUCKETS,
-        )
-        self.tpot = meter.create_histogram(
-            "gen_ai.server.time_per_output_token",
+        )  # fmt: skip
+        self.tpot = HistogramFamily(
+            "gen_ai.server.time_per_output_token", _REQUEST_KEYS, TPOT_BUCKETS,
             unit="s",
             description="Time per output token after the first, for successful streamed"
             " responses.",
-            explicit_bucket_boundaries_advisory=TPOT_BUCKETS,
-        )
-        self.duration = meter.create_histogram(
-            "gen_ai.server.request.duration",
+        )  # fmt: skip
+        self.duration = HistogramFamily(
+            "gen_ai.server.request.duration", (*_REQUEST_KEYS, L.ERROR_TYPE),
+            REQUEST_DURATION_BUCKETS,
             unit="s",
             description="Arrival at the gateway to the last byte sent to the client.",
-            explicit_bucket_boundaries_advisory=REQUEST_DURATION_BUCKETS,
-        )
-        self.token_usage = meter.create_histogram(
-            "gen_ai.client.token.usage",
+        )  # fmt: skip
+        self.token_usage = HistogramFamily(
+            "gen_ai.client.token.usage", (*_REQUEST_KEYS, L.TOKEN_TYPE), TOKEN_USAGE_BUCKETS,
             unit="{token}",
             description="Input and output tokens per request, by gen_ai.token.type.",
-            explicit_bucket_boundaries_advisory=TOKEN_USAGE_BUCKETS,
-        )
-        self.queue_time = meter.create_histogram(
-            "kvgate.queue.time",
+        )  # fmt: skip
+        self.queue_time = HistogramFamily(
+            "kvgate.queue.time", (L.REQUEST_MODEL, L.ADMISSION_RESULT), QUEUE_BUCKETS,
             unit="s",
             description="Time a request waited in the gateway's admission queue.",
-            explicit_bucket_boundaries_advisory=QUEUE_BUCKETS,
-        )
+        )  # fmt: skip
+        self.histograms: tuple[HistogramFamily, ...] = (
+            self.ttft, self.tpot, self.duration, self.token_usage, self.queue_time,
+        )  # fmt: skip
         self.admissions = CounterSet(
             meter, "kvgate.admission.decisions", (L.ADMISSION_RESULT, L.ADMISSION_REASON),
             unit="{request}",
@@ -133,40 +163,57 @@ class RequestMetrics:
             description="Failed scrapes of a backend's load endpoint, by backend and error.",
         )  # fmt: skip
 
-    def record(self, timing: RequestTiming, outcome: RequestOutcome) -> None:
-        guard = self._guard
-        attrs: dict[str, str] = {
-            L.OPERATION: guard(L.OPERATION, outcome.operation),
-            L.REQUEST_MODEL: guard(L.REQUEST_MODEL, outcome.request_model),
-            L.CACHE_RESULT: guard(L.CACHE_RESULT, outcome.cache),
-        }
-        if outcome.response_model is not None:
-            attrs[L.RESPONSE_MODEL] = guard(L.RESPONSE_MODEL, outcome.response_model)
-        if outcome.backend is not None:
-            attrs[L.BACKEND] = guard(L.BACKEND, outcome.backend)
+    def _series_of(self, outcome: RequestOutcome) -> _RequestSeries:
+        raw = (
+            outcome.operation, outcome.request_model, outcome.cache, outcome.response_model,
+            outcome.backend,
+        )  # fmt: skip
+        memo = self._memo
+        series = memo.get(raw)
+        if series is None:
+            guard = self._guard
+            values = (
+                guard(L.OPERATION, outcome.operation),
+                guard(L.REQUEST_MODEL, outcome.request_model),
+                guard(L.CACHE_RESULT, outcome.cache),
+                "" if outcome.response_model is None
+                else guard(L.RESPONSE_MODEL, outcome.response_model),
+                "" if outcome.backend is None else guard(L.BACKEND, outcome.backend),
+            )  # fmt: skip
+            if len(memo) >= _MAX_MEMO:
+                memo.clear()
+            series = memo[raw] = _RequestSeries(self, values)
+        return series
 
+    def record(self, timing: RequestTiming, outcome: RequestOutcome) -> None:
+        series = self._series_of(outcome)
         error = outcome.error_label
         if error is None and outcome.stream:
             ttft = timing.ttft_s
             if ttft is not None:
-                self.ttft.record(ttft, attrs)
+                series.ttft.record(ttft)
             tpot = timing.tpot_s(outcome.output_tokens)
             if tpot is not None:
-                self.tpot.record(tpot, attrs)
+                series.tpot.record(tpot)
         duration = timing.duration_s
         if duration is not None:
             if error is None:
-                self.duration.record(duration, attrs)
+                series.duration.record(duration)
             else:
-                self.duration.record(duration, {**attrs, L.ERROR_TYPE: guard(L.ERROR_TYPE, error)})
+                failed = series.errors.get(error)
+                if failed is None:
+                    failed = series.errors[error] = self.duration.series(
+                        (*series.values, self._guard(L.ERROR_TYPE, error))
+                    )
+                failed.record(duration)
         if outcome.input_tokens is not None:
-            self.token_usage.record(outcome.input_tokens, {**attrs, L.TOKEN_TYPE: _INPUT})
+            series.input_tokens.record(outcome.input_tokens)
         if outcome.output_tokens is not None:
-            self.token_usage.record(outcome.output_tokens, {**attrs, L.TOKEN_TYPE: _OUTPUT})
+            series.output_tokens.record(outcome.output_tokens)
 
         self._record_admission(timing, outcome)
         if outcome.backend is not None and outcome.policy is not None:
-            self.routing.add((guard(L.POLICY, outcome.policy), attrs[L.BACKEND]))
+            self.routing.add((self._guard(L.POLICY, outcome.policy), series.backend))
         lookups = self._lookups.get(outcome.cache)
         if lookups is not None:
             for lookup in lookups[0]:
@@ -186,13 +233,15 @@ class RequestMetrics:
         self.admissions.add((result, guard(L.ADMISSION_REASON, reason) if reason else ""))
         queue = timing.queue_s
         if queue is not None:
-            self.queue_time.record(
-                queue,
-                {
-                    L.REQUEST_MODEL: guard(L.REQUEST_MODEL, outcome.request_model),
-                    L.ADMISSION_RESULT: result,
-                },
-            )
+            raw = (outcome.request_model, outcome.admission)
+            series = self._queue_memo.get(raw)
+            if series is None:
+                if len(self._queue_memo) >= _MAX_MEMO:
+                    self._queue_memo.clear()
+                series = self._queue_memo[raw] = self.queue_time.series(
+                    (guard(L.REQUEST_MODEL, outcome.request_model), result)
+                )
+            series.record(queue)
 
     def poll_error(self, backend: str, error: str) -> None:
         guard = self._guard

@@ -6,6 +6,9 @@ OpenTelemetry → Prometheus compatibility rules: characters outside [a-zA-Z0-9_
 unit becomes a suffix (s → _seconds, a "1" gauge → _ratio, annotations in braces are dropped),
 monotonic sums are counters ending in _total, non-monotonic sums are gauges, histograms get
 cumulative _bucket{le=...} series ending in +Inf, plus _sum and _count.
+
+The request histograms are not SDK instruments but `histograms.HistogramFamily` accumulators
+(see there why); the reader is given them and renders them first, with the same naming rules.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import functools
 import math
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +30,8 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 from opentelemetry.util.types import AttributeValue
+
+from gateway.telemetry.histograms import HistogramFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -140,20 +145,34 @@ def _family_of(metric: Metric) -> tuple[str, str] | None:
     return None
 
 
+def _histogram_samples(
+    name: str,
+    attributes: Mapping[str, AttributeValue] | None,
+    bounds: Sequence[float],
+    bucket_counts: Sequence[int],
+    total: float,
+    count: int,
+) -> Iterable[str]:
+    pairs = _label_pairs(attributes)
+    labels = "{" + pairs + "}" if pairs else ""
+    prefix = "{" + pairs + "," if pairs else "{"
+    cumulative = 0
+    for bound, in_bucket in zip(bounds, bucket_counts, strict=False):
+        cumulative += in_bucket
+        yield f'{name}_bucket{prefix}le="{format_value(float(bound))}"}} {cumulative}'
+    yield f'{name}_bucket{prefix}le="+Inf"}} {count}'
+    yield f"{name}_sum{labels} {format_value(total)}"
+    yield f"{name}_count{labels} {count}"
+
+
 def _samples(name: str, metric: Metric) -> Iterable[str]:
     data = metric.data
     if isinstance(data, Histogram):
         for point in data.data_points:
-            pairs = _label_pairs(point.attributes)
-            labels = "{" + pairs + "}" if pairs else ""
-            prefix = "{" + pairs + "," if pairs else "{"
-            cumulative = 0
-            for bound, count in zip(point.explicit_bounds, point.bucket_counts, strict=False):
-                cumulative += count
-                yield f'{name}_bucket{prefix}le="{format_value(float(bound))}"}} {cumulative}'
-            yield f'{name}_bucket{prefix}le="+Inf"}} {point.count}'
-            yield f"{name}_sum{labels} {format_value(point.sum)}"
-            yield f"{name}_count{labels} {point.count}"
+            yield from _histogram_samples(
+                name, point.attributes, point.explicit_bounds, point.bucket_counts, point.sum,
+                point.count,
+            )  # fmt: skip
     elif isinstance(data, Sum | Gauge):
         for number in data.data_points:
             pairs = _label_pairs(number.attributes)
@@ -161,9 +180,26 @@ def _samples(name: str, metric: Metric) -> Iterable[str]:
             yield f"{name}{labels} {format_value(number.value)}"
 
 
-def render(data: MetricsData | None) -> bytes:
-    """Render one collection as exposition text; families with the same name are merged."""
+def render(data: MetricsData | None, histograms: Iterable[HistogramFamily] = ()) -> bytes:
+    """Render `histograms`, then one SDK collection, as exposition text; families with the same
+    name are merged. A histogram family nothing was recorded into is left out, as the SDK does."""
     families: dict[str, _Family] = {}
+    for histogram in histograms:
+        name = metric_name(histogram.name, histogram.unit, "histogram")
+        for series in histogram.points():
+            family = families.get(name)
+            if family is None:
+                family = families[name] = _Family("histogram", histogram.description)
+            family.samples.extend(
+                _histogram_samples(
+                    name,
+                    series.attributes,
+                    series.bounds,
+                    list(series.counts),
+                    series.sum,
+                    series.count,
+                )  # fmt: skip
+            )
     for resource_metrics in data.resource_metrics if data is not None else ():
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
@@ -191,6 +227,11 @@ class PrometheusReader(MetricReader):
         super().__init__()
         self._lock = threading.Lock()
         self._latest: MetricsData | None = None
+        self._histograms: tuple[HistogramFamily, ...] = ()
+
+    def add_histograms(self, histograms: Sequence[HistogramFamily]) -> None:
+        """Accumulators to render, before the SDK's instruments, with every collection."""
+        self._histograms += tuple(histograms)
 
     def _receive_metrics(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
@@ -201,7 +242,7 @@ class PrometheusReader(MetricReader):
         with self._lock:
             self.collect()
             data, self._latest = self._latest, None
-        return render(data)
+        return render(data, self._histograms)
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         self._latest = None

@@ -53,10 +53,8 @@ class Telemetry:
         """
         self.settings = settings = settings if settings is not None else TelemetrySettings()
         self._clock = clock
-        tracer_provider = build_tracer_provider(settings, span_processor)
-        self._tracer = (
-            RequestTracer(tracer_provider, clock, wall_clock) if tracer_provider else None
-        )
+        tracing = build_tracer_provider(settings, span_processor)
+        self._tracer = RequestTracer(*tracing, clock, wall_clock) if tracing else None
         self._reader = PrometheusReader()
         self._meter_provider = MeterProvider(
             metric_readers=[self._reader],
@@ -70,6 +68,7 @@ class Telemetry:
         self._metrics = RequestMetrics(
             meter, LabelGuard(settings.max_label_values), settings.cache_tiers
         )
+        self._reader.add_histograms(self._metrics.histograms)
         self._gauges = StateGauges(meter)
         self._access_log = AccessLog(
             logger if logger is not None else logging.getLogger(LOGGER_NAME),
