@@ -76,6 +76,7 @@ from routing.ttft import (
     DEFAULT_HIGH_WATER,
     BackendProfile,
     Prediction,
+    PrefillRate,
     ProfileEstimator,
     predict,
 )
@@ -118,6 +119,7 @@ class _Survey:
     predictions: dict[str, Prediction]
     matched: dict[str, int]
     commits: dict[str, int]  # committed peak blocks the request would add, by backend
+    uncached: dict[str, int]  # prompt tokens the backend would have to prefill, by backend
     pool: list[Candidate]
     reason: str  # ADMITTED, OVERSIZED or UNCHECKED when the pool is usable
     any_fits: bool
@@ -149,6 +151,7 @@ class Dispatcher:
         self._drain = DrainRate(self.config.drain_tau_s)
         self._counts: Counter[tuple[str, str, str]] = Counter()
         self._committed: dict[str, int] = {}  # peak blocks of in-flight requests, by backend
+        self._prefill: dict[str, PrefillRate] = {}  # uncached prompt tokens sent, by backend
 
     # The request's path.
 
@@ -260,7 +263,8 @@ class Dispatcher:
         if completion.ttft_s is not None and completion.ttft_s >= 0.0:
             estimator.observe_ttft(pred.prefill_tokens, pred.batch, completion.ttft_s)
         if completion.tpot_s is not None and completion.tpot_s > 0.0:
-            estimator.observe_tpot(pred.batch, completion.tpot_s)
+            # The bare decode step: the stretch by interleaved prefills taken out.
+            estimator.observe_tpot(pred.tpot_batch, completion.tpot_s * (1.0 - pred.prefill_busy))
 
     # Reading.
 
@@ -301,6 +305,12 @@ class Dispatcher:
             estimator = self._profiles[backend_id] = ProfileEstimator(self._prior)
         return estimator
 
+    def _prefill_rate(self, backend_id: str) -> PrefillRate:
+        rate = self._prefill.get(backend_id)
+        if rate is None:
+            rate = self._prefill[backend_id] = PrefillRate()
+        return rate
+
     def _survey(self, job: Job, cost: RequestCost, chain: PrefixChain, now: float,
                 exclude: Sequence[str]) -> _Survey:
         candidates = self.fleet.candidates(job.model, now)
@@ -309,6 +319,7 @@ class Dispatcher:
         matched = self._prefix.matches(chain) if chain.blocks else {}
         predictions: dict[str, Prediction] = {}
         commits: dict[str, int] = {}
+        uncached: dict[str, int] = {}
         high_water = self.config.high_water
         max_risk = self.config.max_preemption_risk
         committed = self._committed
@@ -319,7 +330,12 @@ class Dispatcher:
             depth = matched.get(cid, 0)
             cached = cost.prefix_tokens(chain.chars(depth)) if depth else 0
             estimator = self._profiles.get(cid) or self._estimator(cid)
-            pred = predict(c, cost, cached, estimator.profile(), high_water=high_water)
+            uncached[cid] = max(0, cost.prompt_tokens - cached)
+            rate = self._prefill_rate(cid)
+            load = rate.rate(now)
+            pred = predict(c, cost, cached, estimator.profile(), high_water=high_water,
+                           prefill_tokens_per_s=load,
+                           own_prefill_tokens_per_s=rate.rate(now, uncached[cid]) - load)
             predictions[cid] = pred
             # What this request adds to the backend's committed peak: its uncached prompt and
             # its expected reply (cached prefix blocks are shared with whoever cached them).
@@ -338,8 +354,8 @@ class Dispatcher:
             pool, reason = candidates, OVERSIZED
         else:
             pool, reason = [], ADMITTED
-        return _Survey(candidates, predictions, matched, commits, pool, reason, bool(fitting),
-                       all_oversized)
+        return _Survey(candidates, predictions, matched, commits, uncached, pool, reason,
+                       bool(fitting), all_oversized)
 
     def _dispatch(self, job: Job, cost: RequestCost, chain: PrefixChain, survey: _Survey,
                   now: float, waiting: Waiting | None, attempt: int, tried: tuple[str, ...],
@@ -361,6 +377,7 @@ class Dispatcher:
         block_size = _block_size(decision.backend)
         lease = self.fleet.lease(backend, cost.reserve_blocks(block_size), now).acquire()
         commit = survey.commits.get(backend, 0)
+        self._prefill_rate(backend).add(survey.uncached.get(backend, 0), now)
         self._committed[backend] = self._committed.get(backend, 0) + commit
         if chain.blocks:
             self._prefix.record(backend, chain)

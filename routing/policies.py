@@ -7,12 +7,15 @@
 - power_of_two: two drawn at random, the one with fewer in flight (least_request 1).
 - kv_util: the Gateway API Inference Extension's default: queue 2, kv_cache 2, prefix 3.
 - prefix_hash: consistent hashing of the prefix with bounded load, 1.25 x mean (prefix_hash 1).
-- cost (the default): KV high-water filter; ttft 1, preemption 1, prefix 0.3 (load-bounded),
-  session 0.3.
+- cost (the default): KV high-water filter; ttft 2, tpot 2, preemption 1, prefix 0.3
+  (load-bounded), session 0.3.
 
 `cost` ranks by predicted time to first token (queued prefill ahead, own uncached prefill, wait
 for KV blocks, one step: routing/ttft.py) after dropping backends the request would push past
-their KV high-water mark; prefix affinity and session affinity are preferences on top, the former
+their KV high-water mark, weighed against the predicted TPOT with the request admitted (tpot:
+the expected change in replies meeting a 50 ms TPOT target, so decodes are not packed onto the
+fastest-looking backends past the SLO, and a reply that cannot meet it anywhere goes where it
+costs others least); prefix affinity and session affinity are preferences on top, the former
 bounded by load so a hot prefix never piles onto one saturated backend.
 """
 
@@ -44,6 +47,7 @@ from routing.scorers import (
     QueueScorer,
     RandomPicker,
     SessionAffinityScorer,
+    TpotScorer,
     TtftScorer,
 )
 
@@ -100,7 +104,8 @@ _SCORERS: Mapping[str, ScorerSpecs] = MappingProxyType({
     },
     "prefix_hash": {"prefix_hash": (_prefix_hash, 1.0)},
     "cost": {
-        "ttft": (lambda _: TtftScorer(), 1.0),
+        "ttft": (lambda _: TtftScorer(), 2.0),
+        "tpot": (lambda _: TpotScorer(), 2.0),
         "preemption": (lambda _: PreemptionScorer(), 1.0),
         "prefix": (_prefix_bounded, 0.3),
         "session": (lambda _: SessionAffinityScorer(), 0.3),

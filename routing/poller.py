@@ -1,25 +1,38 @@
 """The backend poller: the one I/O piece of routing/. Scrapes every backend's /metrics on an
 interval and reports into the Fleet.
 
-- One task per gateway process (`Poller.run`), with one child loop per backend, so a slow or
-  hanging backend never delays another's scrapes.
 - Schedule: backends are scraped in groups of `group_size`, each group at its own phase of the
-  interval, every member on the same grid `phase + k * interval`. Scraping together is cheaper
-  (the event loop wakes once per group, not once per backend: measured ~25% less CPU for 32
-  backends at 100 ms in groups of 8 than one by one), while phases keep each burst of work in the
-  gateway's loop short. A scrape that overruns or a backed-off backend skips grid points rather
-  than shifting its schedule.
+  interval, every member on the same grid `phase + k * interval`. One timer per group wakes the
+  event loop and starts its members' scrapes; each scrape then runs on its own (a callback when
+  its answer, failure or timeout comes), so a slow or hanging backend never delays another's
+  scrapes. Scraping together is cheaper (one wake-up per group, not per backend), while phases
+  keep each burst of work in the gateway's loop short. A member still busy at its group's tick,
+  or backed off, skips grid points rather than shifting its schedule.
+- Cost: the target is under 5% of one core for 32 backends at 100 ms (loadtest/bench_parse.py
+  measures it). Hence callbacks rather than a task per backend (a task's wake-ups alone cost ~1%
+  of a core at that rate), the lean keep-alive client of routing/scrape_client.py rather than
+  aiohttp (~11%), and the re-use below.
+- Re-use: a payload byte for byte equal to the backend's previous one is not read again, and one
+  whose series that the format reads are equal to the previous ones (routing/metrics: a
+  `Reading`) is not parsed again: the previous snapshot is reused with the new `taken_at` (same
+  input and configuration, same values). A real server's payload changes at every scrape (its
+  process CPU, GC counters), but an idle backend's load series do not, so an idle fleet costs
+  a cut-out of its series per scrape, not a parse.
 - Each scrape has its own deadline (`timeout`) covering connect, response and body. Its snapshot
   is taken at the moment the request is sent: a dispatch after that instant may be missing from
   it, and the Fleet counts such dispatches against it.
+- HTTP: one keep-alive connection per plain-http backend. https backends, or every backend when
+  the caller passes an aiohttp `session`, go through aiohttp (`SessionClient`). Requests ask for
+  `Accept-Encoding: identity`: a gzipped payload would cost the backend (vLLM's Python API server
+  compresses at level 9) and the gateway CPU on every scrape, to save loopback-cheap bytes.
 - A scrape that fails (connection refused or reset, timeout, a status other than 200, a body too
   large, a payload that is not the backend's format) is a failure reported to the Fleet; it never
-  ends the loop, and the backend's last snapshot just ages. Any other exception is logged and
-  counted as a failure too: the poller must outlive every backend's misbehaviour.
+  stops the polling, and the backend's last snapshot just ages. Any other exception is logged and
+  counted as a failure too: the poller must outlive every backend's misbehaviour. `on_error` is
+  told the error's class name: `ScrapeConnectError`, `ScrapeTimeout`, `ScrapeError` (HTTP status,
+  size, malformed answer) or `MetricsError` (not the format), or an unexpected class.
 - Healthy backends are scraped every `interval`. Once the Fleet marks a backend unhealthy, it is
   probed with exponential backoff (`retry_delay`) until it answers.
-- Requests go without Accept-Encoding: a gzipped payload would cost the backend (vLLM's Python API
-  server compresses at level 9) and the gateway CPU on every scrape, to save loopback-cheap bytes.
 - llama.cpp's KV figures come from `GET /slots`, fetched after its /metrics within the same
   deadline; a server with slots disabled (404/501) still yields a snapshot, without KV figures.
 """
@@ -28,26 +41,71 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
+import operator
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 import aiohttp
-from yarl import URL
 
 from routing.fleet import Fleet
-from routing.metrics import MetricsError, parse_metrics, parse_slots, with_slots
+from routing.metrics import (
+    MetricsError,
+    Reading,
+    parse_slots,
+    read_metrics,
+    snapshot_of,
+    with_slots,
+)
+from routing.scrape_client import (
+    Done,
+    ScrapeClient,
+    ScrapeError,
+    ScrapeTimeout,
+    SessionClient,
+    client_for,
+)
 from routing.state import BackendSnapshot, BackendSpec
 
 log = logging.getLogger("kvgate.poller")
 
-MAX_BODY_BYTES = 8 * 1024 * 1024  # a metrics payload is ~100 KB; anything this big is broken
-_NO_ENCODING = ("Accept-Encoding",)
+
+def _unbound(result: bytes | ScrapeError) -> None:
+    raise RuntimeError("a poller callback used before it was bound")
 
 
-class ScrapeError(Exception):
-    """One scrape failed; the message says why."""
+@dataclasses.dataclass(slots=True, eq=False)
+class _Backend:
+    """One backend's polling state; only the poller's callbacks touch it."""
+
+    spec: BackendSpec
+    client: ScrapeClient
+    on_metrics: Done = _unbound  # the poller's callbacks, bound to this backend once (in `run`)
+    on_slots: Done = _unbound
+    first: float = 0.0  # loop time of its group's grid point 0
+    next_k: int = 0  # the grid point of its next scrape
+    busy: bool = False
+    # The scrape in progress.
+    started_k: int = 0
+    taken_at: float = 0.0
+    deadline: float = 0.0  # loop time
+    was_healthy: bool = False
+    metrics: BackendSnapshot | None = None  # llama.cpp: parsed, waiting for /slots
+    # The last payload parsed, the series read from it, and the snapshot they gave.
+    last_body: bytes = b""
+    last_reading: Reading | None = None
+    last_snapshot: BackendSnapshot | None = None
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Group:
+    members: list[_Backend]
+    first: float  # loop time of grid point 0
+    k: int = 0  # the grid point of the next tick
+    timer: asyncio.TimerHandle | None = None
 
 
 class Poller:
@@ -63,11 +121,12 @@ class Poller:
         clock: Callable[[], float] = time.monotonic,
         on_error: Callable[[str, str], None] | None = None,
     ) -> None:
-        """`session`: the HTTP client to use (not closed here; best without an Accept-Encoding
-        auto-header, as the gateway's upstream session is); None = the poller creates its own for
-        the duration of `run`. `clock` must be the one the Fleet's readers pass as `now`.
-        `on_error(backend_id, error_class)` is told of every failed scrape (the exception's class
-        name: a small, bounded set, fit for a metric label); it must not raise."""
+        """`session`: an aiohttp session to scrape every backend through (not closed here);
+        None = the poller's own keep-alive connections, plus an aiohttp session of its own for
+        https backends, for the duration of `run`. `clock` must be the one the Fleet's readers
+        pass as `now`. `on_error(backend_id, error_class)` is told of every failed scrape (the
+        exception's class name: a small, bounded set, fit for a metric label); it must not
+        raise."""
         if interval <= 0 or timeout <= 0 or group_size < 1:
             raise ValueError("need a positive poll interval, scrape timeout and group size")
         self._fleet = fleet
@@ -78,25 +137,36 @@ class Poller:
         self._group_size = group_size
         self._clock = clock
         self._on_error = on_error
-        # URLs parsed once: building a yarl.URL per request is a measurable share of a scrape.
-        self._urls = {
-            spec.id: (URL(spec.url + "/metrics"), URL(spec.url + "/slots")) for spec in fleet.specs
-        }
         self.scrapes_ok = 0
         self.scrapes_failed = 0
 
     async def run(self) -> None:
         """Polls every backend until cancelled."""
-        if self._session is not None:
-            await self._run(self._session)
-            return
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        async with aiohttp.ClientSession(
-            connector=connector,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=_NO_ENCODING,
-        ) as session:
-            await self._run(session)
+        loop = asyncio.get_running_loop()
+        async with contextlib.AsyncExitStack() as stack:
+            own_session: aiohttp.ClientSession | None = None
+            backends: list[_Backend] = []
+            for spec in self._fleet.specs:
+                client = client_for(spec.url, self._session)
+                if client is None:  # https and the like: aiohttp, on a session of our own
+                    if own_session is None:
+                        own_session = await stack.enter_async_context(_session())
+                    client = SessionClient(own_session, spec.url)
+                stack.push_async_callback(client.close)  # abandons a scrape in flight
+                backend = _Backend(spec, client)
+                backend.on_metrics = partial(self._on_metrics, backend)
+                backend.on_slots = partial(self._on_slots, backend)
+                backends.append(backend)
+            size = self._group_size
+            groups = [backends[i : i + size] for i in range(0, len(backends), size)]
+            base = loop.time()
+            for i, members in enumerate(groups):
+                group = _Group(members, first=base + self._interval * i / len(groups))
+                for backend in members:
+                    backend.first = group.first
+                group.timer = loop.call_at(group.first, self._tick, group)
+                stack.callback(_cancel, group)  # runs before the clients close
+            await loop.create_future()  # until cancelled
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Poller]:
@@ -110,80 +180,114 @@ class Poller:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def poll_once(self, session: aiohttp.ClientSession, spec: BackendSpec) -> bool:
-        """One scrape of one backend, reported to the Fleet. True on success. Never raises
-        (cancellation aside)."""
-        was_healthy = self._fleet.is_healthy(spec.id)
-        try:
-            snapshot = await self.scrape(session, spec)
-        except (ScrapeError, MetricsError, aiohttp.ClientError, TimeoutError, OSError) as exc:
-            self._failed(spec, was_healthy, exc)
-            return False
-        except Exception as exc:  # the poller outlives any backend's misbehaviour
-            log.exception("backend %s: unexpected error while scraping", spec.id)
-            self._failed(spec, was_healthy, exc)
-            return False
-        self._fleet.record_scrape(spec.id, snapshot)
-        self.scrapes_ok += 1
-        if not was_healthy:
-            log.info("backend %s (%s) answers its metrics: healthy", spec.id, spec.url)
-        return True
+    # One scrape, as callbacks: start, /metrics answered, /slots answered (llama.cpp), end.
 
-    async def scrape(self, session: aiohttp.ClientSession, spec: BackendSpec) -> BackendSnapshot:
-        """One snapshot of `spec`'s backend, within the scrape deadline."""
-        taken_at = self._clock()
-        async with asyncio.timeout(self._timeout):
-            metrics_url, slots_url = self._urls[spec.id]
-            status, body = await _get(session, metrics_url)
-            if status != 200:
-                raise ScrapeError(f"/metrics answered HTTP {status}")
-            snapshot = parse_metrics(
-                body.decode("utf-8", errors="replace"),
-                taken_at=taken_at,
-                format=spec.metrics_format,
+    def _tick(self, group: _Group) -> None:
+        loop = asyncio.get_running_loop()
+        k = group.k
+        for backend in group.members:
+            if not backend.busy and backend.next_k <= k:
+                self._start(backend, k, loop)
+        # The next grid point still ahead: a tick that came late skips the ones it overran.
+        behind = math.floor((loop.time() - group.first) / self._interval)
+        group.k = max(k + 1, behind + 1)
+        group.timer = loop.call_at(group.first + group.k * self._interval, self._tick, group)
+
+    def _start(self, backend: _Backend, k: int, loop: asyncio.AbstractEventLoop) -> None:
+        backend.busy = True
+        backend.started_k = k
+        backend.was_healthy = self._fleet.is_healthy(backend.spec.id)
+        backend.taken_at = self._clock()
+        backend.deadline = loop.time() + self._timeout
+        try:
+            backend.client.fetch("/metrics", self._timeout, backend.on_metrics)
+        except Exception as exc:  # a bug, not the backend: logged, and the group goes on
+            self._end(backend, exc)
+
+    def _on_metrics(self, backend: _Backend, result: bytes | ScrapeError) -> None:
+        try:
+            if isinstance(result, ScrapeError):
+                raise result
+            snapshot = self._snapshot(backend, result)
+            if snapshot.format == "llamacpp":
+                remaining = backend.deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    raise ScrapeTimeout("no time left for /slots within the scrape timeout")
+                backend.metrics = snapshot
+                backend.client.fetch("/slots", remaining, backend.on_slots)
+                return
+        except Exception as exc:
+            self._end(backend, exc)
+        else:
+            self._end(backend, snapshot)
+
+    def _on_slots(self, backend: _Backend, result: bytes | ScrapeError) -> None:
+        snapshot, backend.metrics = backend.metrics, None
+        assert snapshot is not None
+        try:
+            if isinstance(result, ScrapeError):
+                if result.status not in (404, 501):  # 404/501: slots are disabled, not a failure
+                    raise result
+            else:
+                snapshot = with_slots(snapshot, parse_slots(result))
+        except Exception as exc:
+            self._end(backend, exc)
+        else:
+            self._end(backend, snapshot)
+
+    def _snapshot(self, backend: _Backend, body: bytes) -> BackendSnapshot:
+        """The payload's snapshot: the last one restamped when the bytes are the same, or when
+        the series the format reads are (see the module docstring)."""
+        last = backend.last_snapshot
+        if last is not None and body == backend.last_body:
+            return restamped(last, backend.taken_at)
+        spec = backend.spec
+        reading = read_metrics(body, format=spec.metrics_format)
+        if last is not None and reading == backend.last_reading:
+            snapshot = restamped(last, backend.taken_at)
+        else:
+            snapshot = snapshot_of(
+                reading,
+                taken_at=backend.taken_at,
                 max_batch_total_tokens=spec.max_batch_total_tokens,
             )
-            if snapshot.format == "llamacpp":
-                status, body = await _get(session, slots_url)
-                if status == 200:
-                    snapshot = with_slots(snapshot, parse_slots(body))
-                elif status not in (404, 501):  # 404/501: slots are disabled, not a failure
-                    raise ScrapeError(f"/slots answered HTTP {status}")
+        backend.last_body, backend.last_reading, backend.last_snapshot = body, reading, snapshot
         return snapshot
 
-    async def _run(self, session: aiohttp.ClientSession) -> None:
-        specs = self._fleet.specs
-        groups = max(1, math.ceil(len(specs) / self._group_size))
-        base = asyncio.get_running_loop().time()
-        async with asyncio.TaskGroup() as tasks:
-            for i, spec in enumerate(specs):
-                phase = self._interval * (i // self._group_size) / groups
-                tasks.create_task(self._loop(session, spec, base + phase), name=f"poll-{spec.id}")
+    def _end(self, backend: _Backend, outcome: BackendSnapshot | Exception) -> None:
+        """Reports the scrape, then sets the backend's next grid point."""
+        spec = backend.spec
+        try:
+            if isinstance(outcome, BackendSnapshot):
+                self._fleet.record_scrape(spec.id, outcome)
+                self.scrapes_ok += 1
+                if not backend.was_healthy:
+                    log.info("backend %s (%s) answers its metrics: healthy", spec.id, spec.url)
+            else:
+                if not isinstance(outcome, ScrapeError | MetricsError):
+                    log.error("backend %s: unexpected error while scraping", spec.id,
+                              exc_info=outcome)
+                self._failed(backend, outcome)
+        finally:
+            backend.busy = False
+            failures = self._fleet.consecutive_failures(spec.id)
+            delay = self._interval
+            if failures:
+                delay = retry_delay(
+                    self._interval, failures, self._fleet.failure_threshold, self._backoff_max
+                )
+            now = asyncio.get_running_loop().time()
+            due = max(backend.first + backend.started_k * self._interval + delay, now)
+            backend.next_k = math.ceil((due - backend.first) / self._interval - 1e-9)
 
-    async def _loop(self, session: aiohttp.ClientSession, spec: BackendSpec, first: float) -> None:
-        """Scrapes on the grid `first + k * interval` (event-loop time), skipping grid points
-        while a scrape runs late or the backend is backed off, so that a group stays together."""
-        loop = asyncio.get_running_loop()
-        next_at = first
-        while True:
-            await asyncio.sleep(next_at - loop.time())
-            await self.poll_once(session, spec)
-            delay = retry_delay(
-                self._interval,
-                self._fleet.consecutive_failures(spec.id),
-                self._fleet.failure_threshold,
-                self._backoff_max,
-            )
-            due = max(next_at + delay, loop.time())
-            next_at = first + math.ceil((due - first) / self._interval - 1e-9) * self._interval
-
-    def _failed(self, spec: BackendSpec, was_healthy: bool, exc: Exception) -> None:
+    def _failed(self, backend: _Backend, exc: Exception) -> None:
+        spec = backend.spec
         self._fleet.record_failure(spec.id, self._clock())
         self.scrapes_failed += 1
         if self._on_error is not None:
             self._on_error(spec.id, type(exc).__name__)
         why = f"{type(exc).__name__}: {exc}"
-        if was_healthy and not self._fleet.is_healthy(spec.id):
+        if backend.was_healthy and not self._fleet.is_healthy(spec.id):
             log.warning("backend %s (%s) marked unhealthy: %s", spec.id, spec.url, why)
         else:
             log.debug("backend %s: scrape failed: %s", spec.id, why)
@@ -197,21 +301,28 @@ def retry_delay(interval: float, failures: int, threshold: int, backoff_max: flo
     return min(backoff_max, interval * 2.0 ** min(failures - threshold + 1, 32))
 
 
-async def _get(session: aiohttp.ClientSession, url: URL) -> tuple[int, bytes]:
-    """(status, body); the body only for a 200, and never more than MAX_BODY_BYTES."""
-    async with session.get(url, allow_redirects=False) as resp:
-        if resp.status != 200:
-            return resp.status, b""
-        length = resp.content_length
-        if length is not None:
-            if length > MAX_BODY_BYTES:
-                raise ScrapeError(f"{url} is {length} bytes")
-            return resp.status, await resp.read()
-        chunks: list[bytes] = []  # chunked encoding: count as it comes
-        size = 0
-        async for chunk in resp.content.iter_any():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise ScrapeError(f"{url} is larger than {MAX_BODY_BYTES} bytes")
-            chunks.append(chunk)
-        return resp.status, b"".join(chunks)
+_SNAPSHOT_FIELDS = [field.name for field in dataclasses.fields(BackendSnapshot)]
+_FIELD_VALUES = operator.attrgetter(*_SNAPSHOT_FIELDS)
+_TAKEN_AT = _SNAPSHOT_FIELDS.index("taken_at")
+
+
+def restamped(snapshot: BackendSnapshot, taken_at: float) -> BackendSnapshot:
+    """`snapshot` with another `taken_at`: `dataclasses.replace`, at a third of its cost."""
+    values = list(_FIELD_VALUES(snapshot))
+    values[_TAKEN_AT] = taken_at
+    return BackendSnapshot(*values)
+
+
+def _cancel(group: _Group) -> None:
+    if group.timer is not None:
+        group.timer.cancel()
+
+
+def _session() -> aiohttp.ClientSession:
+    """The poller's own aiohttp session, for the backends the keep-alive client does not
+    speak to: no connection limit, no cookies, no automatic Accept-Encoding."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=("Accept-Encoding",),
+    )

@@ -19,6 +19,7 @@ from routing.prefix import HashRing
 from routing.state import Candidate
 
 UNKNOWN_KV_SCORE = 0.5  # a backend that reports no KV figure is neither favoured nor shunned
+DEFAULT_TPOT_TARGET_S = 0.05  # the usual time-per-output-token SLO
 
 
 class HighWaterFilter:
@@ -47,6 +48,38 @@ class TtftScorer:
         if pred.predicted_ttft_s <= 0.0:
             return 1.0
         return ctx.best_ttft_s / pred.predicted_ttft_s
+
+
+class TpotScorer:
+    """The expected change in replies meeting the TPOT SLO `target_s` if this backend takes the
+    request, mapped from [-1, 1] onto [0, 1] (0.5: no change):
+        gain = P(this reply meets it) - (sequences there) x (P(before) - P(after))
+    where P(t) is the chance a reply meets the target on a backend whose predicted TPOT is t:
+    replies' TPOTs scatter log-normally (`spread`: sigma of log(actual / predicted)) around the
+    prediction. A fast idle backend scores 1; one already past the target, where the request
+    can neither meet it nor cost anyone else theirs, 0.5; one the request would push past the
+    target, taking many replies with it, towards 0. So when a reply cannot meet the SLO
+    anywhere it goes where it does the least harm."""
+
+    def __init__(self, target_s: float = DEFAULT_TPOT_TARGET_S, spread: float = 0.35) -> None:
+        if not target_s > 0.0 or not spread > 0.0:
+            raise ValueError("the TPOT target and spread must be > 0")
+        self._log_target = math.log(target_s)
+        self._scale = spread * math.sqrt(2.0)
+
+    def _meets(self, tpot_s: float) -> float:
+        if tpot_s <= 0.0:
+            return 1.0
+        return 0.5 * math.erfc((math.log(tpot_s) - self._log_target) / self._scale)
+
+    def score(self, request: RouteRequest, candidate: Candidate) -> float:
+        ctx = request.context
+        pred = ctx.predictions.get(candidate.id) if ctx is not None else None
+        if pred is None:
+            return 0.0
+        after = self._meets(pred.predicted_tpot_s)
+        lost = max(0.0, self._meets(pred.tpot_before_s) - after) * max(0, pred.tpot_batch - 1)
+        return min(1.0, max(0.0, (1.0 + after - lost) / 2.0))
 
 
 class PreemptionScorer:

@@ -11,6 +11,14 @@ The model, per backend:
   reply length in decode steps);
 - one step: fixed overhead plus a decode step at the running batch size (the first token comes out
   of a step shared with every running sequence).
+The predicted TPOT is the decode step once the request runs alongside everything already there,
+stretched by the prefills interleaved with the decodes:
+    tpot = decode step(running + queued ahead + this one) / (1 - prefill busy)
+where prefill busy is the fraction of the backend's time its recent prefill load (uncached prompt
+tokens per second the gateway sent it, `PrefillRate`, this prompt included) takes at its prefill
+speed, capped at `MAX_PREFILL_BUSY`. `ProfileEstimator` learns the bare decode step from observed
+TPOTs with that stretch taken out (`Prediction.prefill_busy`), against this same batch, so the
+context each sequence reads is in its slope.
 Preemption risk is P(growth > room) under a normal approximation: growth is what every sequence
 already there adds while this request runs (`RequestCost.inflight_growth_*`, releases ignored, so
 it errs high) plus this request's own reply; room is capacity minus what is used, queued and this
@@ -34,6 +42,7 @@ from routing.state import Candidate
 DEFAULT_HIGH_WATER = 0.9  # fraction of KV blocks a request's peak may fill up to
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default, when a backend reports capacity but no block size
 UNKNOWN_RISK = 0.5  # preemption risk of a backend whose KV capacity is unknown
+MAX_PREFILL_BUSY = 0.9  # prefill share of a backend's time beyond which TPOT is taken as 10x
 _SQRT2 = math.sqrt(2.0)
 
 
@@ -66,6 +75,10 @@ class Prediction:
     prefill_tokens: int  # queued + own uncached: what `ProfileEstimator.observe_ttft` needs
     batch: int  # running sequences assumed
     reason: str
+    tpot_batch: int = 1  # sequences decoding together once this one runs
+    predicted_tpot_s: float = 0.0  # the decode step at `tpot_batch`, stretched by prefills
+    prefill_busy: float = 0.0  # fraction of the backend's time others' prefills take
+    tpot_before_s: float = 0.0  # the TPOT of the sequences already there, without this request
 
 
 def predict(
@@ -75,8 +88,12 @@ def predict(
     profile: BackendProfile,
     *,
     high_water: float = DEFAULT_HIGH_WATER,
+    prefill_tokens_per_s: float = 0.0,
+    own_prefill_tokens_per_s: float = 0.0,
 ) -> Prediction:
-    """Ledger figures (`reserved_blocks`, `blocks_since_scrape`) are in the backend's own blocks."""
+    """Ledger figures (`reserved_blocks`, `blocks_since_scrape`) are in the backend's own blocks;
+    `prefill_tokens_per_s`: the backend's recent prefill load (`PrefillRate.rate`);
+    `own_prefill_tokens_per_s`: what this request's uncached prompt adds to it."""
     snap = candidate.snapshot
     spec = candidate.spec
     capacity: int | None = None
@@ -110,6 +127,7 @@ def predict(
         pending = waiting * math.ceil(typical / block_size)
         queued_tokens = queued_seqs * typical * (1.0 - (snap.prefix_cache_hit_rate or 0.0))
         growing = running + waiting
+        tpot_batch = running + queued_seqs + 1
     else:
         source = "stale snapshot, ledger only" if snap is not None else "no snapshot, ledger only"
         running = candidate.inflight
@@ -120,6 +138,7 @@ def predict(
         pending = 0
         queued_tokens = candidate.inflight * typical
         growing = candidate.inflight
+        tpot_batch = candidate.inflight + 1
 
     tps = profile.prefill_tokens_per_s
     own_tokens = max(0, cost.prompt_tokens - cached_tokens)
@@ -128,11 +147,16 @@ def predict(
     decode_s = profile.decode_step_s(running)
     step_s = profile.overhead_s + decode_s
     prefill_tokens = int(queued_tokens) + own_tokens
+    busy_before = min(MAX_PREFILL_BUSY, max(0.0, prefill_tokens_per_s / tps))
+    busy = min(MAX_PREFILL_BUSY, max(0.0, (prefill_tokens_per_s + own_prefill_tokens_per_s) / tps))
+    tpot_s = profile.decode_step_s(tpot_batch) / (1.0 - busy)
+    before_s = profile.decode_step_s(tpot_batch - 1) / (1.0 - busy_before)
 
     if capacity is None:
         ttft = queued_s + own_s + step_s
         return Prediction(queued_s, own_s, 0.0, step_s, ttft, UNKNOWN_RISK, True, False, None,
-                          prefill_tokens, running, f"{source}: KV capacity unknown")
+                          prefill_tokens, running, f"{source}: KV capacity unknown",
+                          tpot_batch, tpot_s, busy_before, before_s)
 
     limit = high_water * capacity
     peak = cost.peak_blocks(block_size)
@@ -166,7 +190,37 @@ def predict(
         verdict = "fits"
     ttft = queued_s + own_s + kv_wait + step_s
     return Prediction(queued_s, own_s, kv_wait, step_s, ttft, risk, fits, oversized, room,
-                      prefill_tokens, running, f"{source}: {verdict}")
+                      prefill_tokens, running, f"{source}: {verdict}", tpot_batch, tpot_s,
+                      busy_before, before_s)
+
+
+class PrefillRate:
+    """Uncached prompt tokens per second sent to one backend, exponentially averaged over
+    `tau_s`. `now` must not go backwards (an earlier value counts as the latest seen)."""
+
+    __slots__ = ("_tau", "_sum", "_at")
+
+    def __init__(self, tau_s: float = 5.0) -> None:
+        if not tau_s > 0.0:
+            raise ValueError("tau_s must be > 0")
+        self._tau = tau_s
+        self._sum = 0.0
+        self._at = -math.inf
+
+    def _decay(self, now: float) -> None:
+        if now > self._at:
+            if self._sum:
+                self._sum *= math.exp((self._at - now) / self._tau)
+            self._at = now
+
+    def add(self, tokens: int, now: float) -> None:
+        self._decay(now)
+        self._sum += tokens
+
+    def rate(self, now: float, extra_tokens: int = 0) -> float:
+        """The rate at `now`, as if `extra_tokens` were added now too."""
+        self._decay(now)
+        return (self._sum + extra_tokens) / self._tau
 
 
 class _DecayedLine:
@@ -236,7 +290,8 @@ class ProfileEstimator:
         self._profile = None
 
     def observe_tpot(self, batch: int, seconds: float) -> None:
-        """One request's time per output token at (about) `batch` running sequences."""
+        """One request's time per output token at (about) `batch` sequences decoding together
+        (`Prediction.tpot_batch` at dispatch)."""
         self._decode.observe(float(batch), seconds)
         self._profile = None
 

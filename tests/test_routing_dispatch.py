@@ -252,6 +252,31 @@ def test_completions_teach_the_backends_profile() -> None:
     assert d.profile("a").decode_base_s > prior
 
 
+def test_prompts_sent_to_a_backend_count_as_its_prefill_load_until_they_age_out() -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000)))
+    idle = placed(d.submit(job("0"), 0.0)).prediction
+    placed(d.submit(job("long", LONG), 0.0))
+    busy = placed(d.submit(job("1"), 0.0)).prediction
+    later = placed(d.submit(job("2"), 600.0)).prediction
+    assert idle is not None and busy is not None and later is not None
+    assert busy.prefill_busy > idle.prefill_busy
+    assert busy.predicted_tpot_s > idle.predicted_tpot_s
+    assert later.prefill_busy == pytest.approx(0.0, abs=1e-6)
+
+
+def test_tpot_feedback_is_learned_with_the_prefill_stretch_taken_out() -> None:
+    # Same observed TPOT; where prefills were taking time, the bare decode step is faster.
+    quiet = dispatcher(make_fleet(a=(100_000, 100_000)))
+    loaded = dispatcher(make_fleet(a=(100_000, 100_000)))
+    for i in range(50):
+        t = float(i)
+        placed(loaded.submit(job(f"long{i}", LONG), t))
+        for d in (quiet, loaded):
+            out = placed(d.submit(job(str(i)), t))
+            d.finish(out, t, Completion(completion_tokens=10, tpot_s=0.05))
+    assert loaded.profile("a").decode_step_s(1) < quiet.profile("a").decode_step_s(1)
+
+
 def test_a_repeated_prefix_returns_to_the_backend_that_served_it() -> None:
     d = dispatcher(make_fleet(a=(10_000, 10_000), b=(10_000, 10_000), c=(10_000, 10_000)))
     convo = "system: be brief. " * 200

@@ -1,16 +1,23 @@
-"""Every real-format payload in /work/shared/fixtures parses into the values its README lists."""
+"""Every real-format payload in tests/fixtures parses into the values its README lists."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from routing.metrics import MetricsError, detect_family, parse_metrics, parse_slots, with_slots
+from routing.metrics import (
+    MetricsError,
+    detect_family,
+    parse_metrics,
+    parse_slots,
+    read_metrics,
+    snapshot_of,
+    with_slots,
+)
 from routing.state import BackendSnapshot
+from tests.paths import FIXTURES
 
-FIXTURES = Path("/work/shared/fixtures")
 TGI_BUDGET = 131072  # the README's configured max_batch_total_tokens
 
 # file -> (detected family, the fields every parse must produce). kv_free_blocks is checked apart,
@@ -115,3 +122,38 @@ def test_llamacpp_slots_give_kv_from_processing_slots_only() -> None:
 def test_a_payload_in_another_format_than_configured_is_an_error(name: str, wrong: str) -> None:
     with pytest.raises(MetricsError):
         parse(name, format=wrong)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_bytes_and_text_read_the_same(name: str) -> None:
+    payload = (FIXTURES / name).read_bytes()
+    kwargs: dict[str, Any] = {"taken_at": 1.0, "max_batch_total_tokens": TGI_BUDGET}
+    assert parse_metrics(payload, **kwargs) == parse_metrics(payload.decode(), **kwargs)
+
+
+# (file, a line routing does not read, the same line changed, a line it reads, that one changed)
+CHANGES = [
+    pytest.param("vllm-v1.prom", b"process_cpu_seconds_total 812.33",
+                 b"process_cpu_seconds_total 812.4", b'Llama-3.1-8B-Instruct"} 24.0',
+                 b'Llama-3.1-8B-Instruct"} 25.0', id="vLLM: process CPU / running"),
+    pytest.param("sglang.prom", b'tp_rank="0"} 2310.5718', b'tp_rank="0"} 2290.1',
+                 b'tp_rank="0"} 37.0', b'tp_rank="0"} 38.0', id="SGLang: throughput / running"),
+    pytest.param("tgi.prom", b"tgi_request_count 1520", b"tgi_request_count 1521",
+                 b"tgi_queue_size 6", b"tgi_queue_size 7", id="TGI: request count / queue"),
+]
+
+
+@pytest.mark.parametrize(("name", "unread", "unread_changed", "read", "read_changed"), CHANGES)
+def test_a_reading_changes_with_the_series_read_and_only_with_them(
+    name: str, unread: bytes, unread_changed: bytes, read: bytes, read_changed: bytes
+) -> None:
+    payload = (FIXTURES / name).read_bytes()
+    assert payload.count(unread) == 1 and payload.count(read) == 1
+    reading = read_metrics(payload)
+    assert read_metrics(payload.replace(unread, unread_changed)) == reading
+    busier = read_metrics(payload.replace(read, read_changed))
+    assert busier != reading
+    before = snapshot_of(reading, taken_at=1.0, max_batch_total_tokens=TGI_BUDGET)
+    after = snapshot_of(busier, taken_at=1.0, max_batch_total_tokens=TGI_BUDGET)
+    assert (after.running or 0) + (after.waiting or 0) == (before.running or 0) + (
+        before.waiting or 0) + 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from routing.metrics.prom import parse_labels, parse_samples
 
@@ -109,3 +111,73 @@ def test_a_closing_brace_inside_a_label_value_does_not_end_the_labels() -> None:
     text = 'series{expr="up}",le="0.5"} 4\n'
     (sample,) = parse_samples(text, {"series"})["series"]
     assert sample.labels == {"expr": "up}", "le": "0.5"} and sample.value == 4.0
+
+
+# The reader against a plain line-by-line reading of generated payloads.
+
+_NAMES = ("x", "x_bucket", "xy", "x_total", "x_created", "load", "load_info", "y:z")
+_LABEL_VALUES = st.sampled_from(["0", "a b", 'q\\"uote', "br}ace", "{a}", "", "m/n-1"])
+_VALUES = st.sampled_from(["1", "0.5", "-2", "1.8432e+06", "5.173653504e+010", "NaN", "+Inf",
+                           "7 1700000000000", "oops"])
+
+
+@st.composite
+def _family(draw: st.DrawFn, name: str) -> list[str]:
+    """The lines of one family: optional HELP/TYPE, then its samples (a counter's `_created`
+    lines interleaved with its `_total` ones, as older clients write them)."""
+    lines = [f"# HELP {name} Some help.", f"# TYPE {name} gauge"] if draw(st.booleans()) else []
+    for _ in range(draw(st.integers(0, 3))):
+        keys = draw(st.lists(st.sampled_from(["a", "engine", "le", "model_name"]), unique=True,
+                             max_size=3))
+        labels = ",".join(f'{k}="{draw(_LABEL_VALUES)}"' for k in keys)
+        empty_braces: bool = draw(st.booleans())
+        braces = f"{{{labels}}}" if keys or empty_braces else ""
+        lines.append(f"{name}{braces} {draw(_VALUES)}")
+        if name.endswith("_total") and draw(st.booleans()):
+            lines.append(f"{name[:-6]}_created{braces} 1.7e+09")
+    return lines
+
+
+@st.composite
+def _payloads(draw: st.DrawFn) -> tuple[str, list[str], list[str]]:
+    names = draw(st.permutations(_NAMES))
+    present = [n for n in names if draw(st.booleans()) and not n.endswith("_created")]
+    lines = [line for name in present for line in draw(_family(name))]
+    newline = draw(st.sampled_from(["\n", "\r\n"]))
+    wanted = draw(st.lists(st.sampled_from(_NAMES), unique=True))
+    split = draw(st.integers(0, len(wanted)))
+    return newline.join(lines) + newline, wanted[:split], wanted[split:]
+
+
+def _reference(text: str, wanted: set[str]) -> dict[str, list[tuple[dict[str, str], str]]]:
+    """Every sample line, one at a time: name, labels between the first `{` and the last `}`,
+    the first word after them."""
+    out: dict[str, list[tuple[dict[str, str], str]]] = {}
+    for line in text.replace("\r", "").split("\n"):
+        if not line or line.startswith("#"):
+            continue
+        brace = line.find("{")
+        blank = line.find(" ")
+        if 0 <= brace < blank:
+            name, close = line[:brace], line.rfind("}")
+            labels, rest = dict(parse_labels(line[brace + 1 : close])), line[close + 1 :]
+        else:
+            name, labels, rest = line[:blank], {}, line[blank:]
+        value = rest.split()[0]
+        if name in wanted and value != "oops":
+            out.setdefault(name, []).append((labels, value))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(_payloads())
+def test_the_reader_reads_what_a_line_by_line_reading_reads(
+    payload: tuple[str, list[str], list[str]],
+) -> None:
+    text, head, tail = payload
+    got = parse_samples(text, head, tail)
+    expected = _reference(text, {*head, *tail})
+    assert {name: [(dict(s.labels), repr(s.value)) for s in samples]  # repr: NaN == NaN
+            for name, samples in got.items()} == {
+        name: [(labels, repr(float(value.split()[0]))) for labels, value in samples]
+        for name, samples in expected.items()}

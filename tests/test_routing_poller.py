@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import itertools
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from routing import poller as poller_module
 from routing.fleet import Fleet
-from routing.poller import Poller, retry_delay
-from routing.state import BackendSpec
+from routing.metrics import Reading, snapshot_of
+from routing.poller import Poller, restamped, retry_delay
+from routing.state import BackendSnapshot, BackendSpec
+from tests.paths import FIXTURES
 
-FIXTURES = Path("/work/shared/fixtures")
 VLLM_V1 = (FIXTURES / "vllm-v1.prom").read_bytes()
 DEADLINE_S = 15.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -164,12 +168,16 @@ async def test_a_failed_scrape_is_a_failure_and_the_poller_goes_on(handler: Hand
 
 async def test_a_scrape_past_its_timeout_is_a_failure() -> None:
     hang = Hang()
+    errors: list[str] = []
     async with serving({"/metrics": hang.handle}) as url:
         f = fleet_of({"slow": url}, threshold=2)
         f.record_success("slow", 0.0)
-        async with poller(f, timeout=0.05).running():
+        p = Poller(f, interval=0.01, timeout=0.05, backoff_max=0.05,
+                   on_error=lambda b, e: errors.append(e))
+        async with p.running():
             await eventually(lambda: not f.is_healthy("slow"), "two timeouts in a row")
         hang.release.set()
+    assert set(errors) == {"ScrapeTimeout"}
 
 
 async def test_llamacpp_kv_comes_from_slots() -> None:
@@ -245,5 +253,78 @@ async def test_every_failed_scrape_is_reported_by_backend_and_error_class() -> N
         p = Poller(f, interval=0.01, on_error=lambda b, e: errors.append((b, e)))
         async with p.running():
             await eventually(lambda: len(set(errors)) == 2, "a failure from each backend")
-    assert set(errors) == {("html", "MetricsError"), ("refused", "ClientConnectorError")}
+    assert set(errors) == {("html", "MetricsError"), ("refused", "ScrapeConnectError")}
     assert len(errors) == p.scrapes_failed
+
+
+def changing(make: Callable[[int], bytes]) -> Handler:
+    """A /metrics handler answering `make(n)` to its n-th request."""
+    count = itertools.count()
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=make(next(count)), content_type="text/plain")
+
+    return handler
+
+
+RUNNING_24 = (b'vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"}'
+              b" 24.0")
+
+
+async def test_an_idle_backend_is_not_parsed_again_and_stays_fresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parsed: list[float] = []
+
+    def counting_snapshot_of(reading: Reading, **kwargs: Any) -> BackendSnapshot:
+        parsed.append(kwargs["taken_at"])
+        return snapshot_of(reading, **kwargs)
+
+    monkeypatch.setattr(poller_module, "snapshot_of", counting_snapshot_of)
+    cpu = b"process_cpu_seconds_total 812.33"
+    idle = changing(lambda n: VLLM_V1.replace(cpu, f"process_cpu_seconds_total {812 + n}".encode()))
+    async with serving({"/metrics": idle}) as url:
+        f = fleet_of({"idle": url})
+        async with poller(f).running() as p:
+            await eventually(lambda: p.scrapes_ok >= 5, "five scrapes")
+            snap = f.snapshot("idle")
+    assert len(parsed) == 1  # the process CPU changed every time, the load series did not
+    assert snap is not None and snap.taken_at > parsed[0]
+    assert (snap.running, snap.kv_free_blocks) == (24, 15795)
+
+
+async def test_a_busy_backend_is_read_afresh_at_every_scrape() -> None:
+    busy = changing(lambda n: VLLM_V1.replace(RUNNING_24, RUNNING_24[:-4] + f"{n}.0".encode()))
+    seen: list[int] = []
+    async with serving({"/metrics": busy}) as url:
+        f = fleet_of({"busy": url})
+        async with poller(f).running():
+            def three_distinct() -> bool:
+                snap = f.snapshot("busy")
+                if snap is not None and snap.running is not None and snap.running not in seen:
+                    seen.append(snap.running)
+                return len(seen) >= 3
+
+            await eventually(three_distinct, "three readings of running")
+    assert seen == sorted(seen)
+
+
+async def test_an_https_backend_is_scraped_through_aiohttp() -> None:
+    """The keep-alive client speaks plain http only; TLS goes through an aiohttp session of the
+    poller's own. Against a plain-http server the TLS handshake fails: a connect error."""
+    errors: list[str] = []
+    async with serving({"/metrics": body(VLLM_V1)}) as url:
+        f = fleet_of({"tls": url.replace("http://", "https://")})
+        p = Poller(f, interval=0.01, backoff_max=0.05, on_error=lambda b, e: errors.append(e))
+        async with p.running():
+            await eventually(lambda: len(errors) >= 2, "two failed scrapes")
+    assert set(errors) == {"ScrapeConnectError"} and f.snapshot("tls") is None
+
+
+def test_a_restamped_snapshot_differs_only_in_its_time() -> None:
+    snap = BackendSnapshot(
+        taken_at=1.0, format="vllm", kv_total_blocks=100, kv_free_blocks=40, kv_usage=0.6,
+        block_size=16, running=3, waiting=1, preemptions=2, prefix_cache_hit_rate=0.5,
+        models=("m",),
+    )
+    assert restamped(snap, 2.5) == dataclasses.replace(snap, taken_at=2.5)

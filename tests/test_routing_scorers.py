@@ -25,6 +25,7 @@ from routing.scorers import (
     QueueScorer,
     RandomPicker,
     SessionAffinityScorer,
+    TpotScorer,
     TtftScorer,
 )
 from routing.state import BackendSnapshot, BackendSpec, Candidate
@@ -128,6 +129,61 @@ def test_preemption_scorer_is_one_minus_the_risk() -> None:
     fake = Prediction(0, 0, 0, 0, 0.01, 0.3, True, False, 100, 0, 0, "x")
     ctx = RouteContext(cost=cost(), predictions={"a": fake})
     assert PreemptionScorer().score(routed(ctx), pool[0]) == pytest.approx(0.7)
+
+
+def tpot_pred(after_ms: float, before_ms: float, batch: int) -> Prediction:
+    """A prediction that only carries TPOT figures (with `batch` decoding once admitted)."""
+    return Prediction(0, 0, 0, 0, 0.01, 0.0, True, False, 100, 0, 0, "x", tpot_batch=batch,
+                      predicted_tpot_s=after_ms / 1e3, tpot_before_s=before_ms / 1e3)
+
+
+def tpot_score(pred: Prediction, target_s: float = 0.05) -> float:
+    ctx = RouteContext(cost=cost(), predictions={"a": pred})
+    return TpotScorer(target_s).score(routed(ctx), cand("a"))
+
+
+@pytest.mark.parametrize(
+    ("better", "worse"),
+    [(tpot_pred(20, 20, 1), tpot_pred(80, 80, 1)),
+     (tpot_pred(30, 29, 10), tpot_pred(60, 59, 10)),
+     (tpot_pred(120, 115, 50), tpot_pred(45, 40, 50)),
+     (tpot_pred(30, 25, 40), tpot_pred(47, 42, 40))],
+    ids=["an idle backend within the target beats one past it",
+         "a backend whose predicted TPOT exceeds the target scores lower",
+         "pushing fifty replies towards the target scores below adding to fifty already past it",
+         "pushing forty replies towards the target scores below keeping them well within it"],
+)
+def test_tpot_scorer_prefers_the_backend_that_keeps_more_replies_within_the_target(
+    better: Prediction, worse: Prediction
+) -> None:
+    assert tpot_score(better) > tpot_score(worse)
+
+
+@pytest.mark.parametrize(
+    ("pred", "lo", "hi"),
+    [(tpot_pred(5, 5, 1), 0.99, 1.0),
+     (tpot_pred(500, 500, 30), 0.499, 0.501),
+     (tpot_pred(50, 10, 1), 0.7, 0.8),
+     (tpot_pred(60, 40, 80), 0.0, 0.0)],
+    ids=["a fast idle backend scores about 1",
+         "one far past the target costs nobody anything: 0.5",
+         "at the target this reply meets it half the time: 0.75",
+         "one the request pushes eighty replies past the target from within it scores 0"],
+)
+def test_tpot_scorer_maps_the_expected_goodput_change(pred: Prediction, lo: float,
+                                                      hi: float) -> None:
+    assert lo <= tpot_score(pred) <= hi
+
+
+def test_tpot_scorer_target_is_configurable() -> None:
+    pred = tpot_pred(80, 80, 1)
+    assert tpot_score(pred, target_s=0.2) > 0.95 > tpot_score(pred, target_s=0.05)
+    with pytest.raises(ValueError):
+        TpotScorer(0.0)
+
+
+def test_tpot_scorer_without_a_context_scores_zero() -> None:
+    assert TpotScorer().score(RouteRequest(model="m"), cand("a")) == 0.0
 
 
 # Prefix and session affinity

@@ -10,7 +10,15 @@ import pytest
 
 from routing.cost import RequestCost
 from routing.state import BackendSnapshot, BackendSpec, Candidate
-from routing.ttft import UNKNOWN_RISK, BackendProfile, Prediction, ProfileEstimator, predict
+from routing.ttft import (
+    MAX_PREFILL_BUSY,
+    UNKNOWN_RISK,
+    BackendProfile,
+    Prediction,
+    PrefillRate,
+    ProfileEstimator,
+    predict,
+)
 
 PROFILE = BackendProfile(prefill_tokens_per_s=10_000.0, overhead_s=0.005, decode_base_s=0.01,
                          decode_per_seq_s=0.0001)
@@ -267,3 +275,58 @@ def test_noise_never_makes_prefill_free_or_overhead_negative() -> None:
     learned = est.profile()
     assert learned.prefill_tokens_per_s <= 1e7
     assert learned.overhead_s >= 0.0
+
+
+# Predicted TPOT
+
+
+@pytest.mark.parametrize(
+    ("snap", "inflight", "since", "stale", "batch"),
+    [(snapshot(running=10, waiting=0), 0, 0, False, 11),
+     (snapshot(running=10, waiting=5), 0, 0, False, 16),
+     (snapshot(running=10, waiting=5), 3, 3, False, 19),
+     (snapshot(running=10, waiting=5), 7, 0, True, 8)],
+    ids=["running plus this one", "the waiting queue decodes alongside too",
+         "so do requests dispatched since the scrape",
+         "a stale snapshot: the gateway's in-flight count plus this one"],
+)
+def test_predicted_tpot_is_the_decode_step_with_everything_there_plus_this_request(
+    snap: BackendSnapshot, inflight: int, since: int, stale: bool, batch: int
+) -> None:
+    pred = run(backend(snap, inflight=inflight, since=since, stale=stale))
+    assert pred.tpot_batch == batch
+    assert pred.predicted_tpot_s == pytest.approx(PROFILE.decode_step_s(batch))
+    assert pred.tpot_before_s == pytest.approx(PROFILE.decode_step_s(batch - 1))
+
+
+@pytest.mark.parametrize(
+    ("load", "own", "busy_before", "busy_after"),
+    [(0.0, 0.0, 0.0, 0.0), (5_000.0, 0.0, 0.5, 0.5), (5_000.0, 2_500.0, 0.5, 0.75),
+     (50_000.0, 0.0, MAX_PREFILL_BUSY, MAX_PREFILL_BUSY)],
+    ids=["no prefill load: the bare decode step",
+         "prefills taking half the time double the TPOT",
+         "this request's own prompt adds to the load the others see",
+         "a saturated backend is capped, not infinite"],
+)
+def test_interleaved_prefills_stretch_the_predicted_tpot(
+    load: float, own: float, busy_before: float, busy_after: float
+) -> None:
+    # PROFILE prefills 10,000 tokens/s.
+    snap = snapshot(running=20)
+    pred = predict(backend(snap), cost(), 0, PROFILE, prefill_tokens_per_s=load,
+                   own_prefill_tokens_per_s=own)
+    assert pred.prefill_busy == pytest.approx(busy_before)
+    assert pred.tpot_before_s == pytest.approx(PROFILE.decode_step_s(20) / (1 - busy_before))
+    assert pred.predicted_tpot_s == pytest.approx(PROFILE.decode_step_s(21) / (1 - busy_after))
+
+
+def test_prefill_rate_is_tokens_per_second_decaying_with_its_time_constant() -> None:
+    rate = PrefillRate(tau_s=2.0)
+    assert rate.rate(0.0) == 0.0
+    rate.add(4_000, 0.0)
+    assert rate.rate(0.0) == pytest.approx(2_000.0)
+    assert rate.rate(0.0, extra_tokens=2_000) == pytest.approx(3_000.0)
+    assert rate.rate(2.0) == pytest.approx(2_000.0 / math.e)
+    assert rate.rate(1.0) == pytest.approx(2_000.0 / math.e)  # time never goes backwards
+    with pytest.raises(ValueError):
+        PrefillRate(tau_s=0.0)

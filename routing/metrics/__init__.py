@@ -3,54 +3,106 @@
 `parse_metrics` reads a Prometheus text payload in the configured format, or detects the format
 from the series names, and returns one snapshot; a field the server does not expose is None.
 llama.cpp's KV figures come from its `GET /slots` JSON: `parse_slots` then `with_slots`.
-One module per server format; `prom` is the shared text parser.
+
+`parse_metrics` is two steps a frequent caller (the poller) takes apart: `read_metrics` cuts the
+series the format reads out of the payload (a `Reading`), `snapshot_of` parses them into a
+snapshot. A snapshot depends on nothing else, so when a backend's reading equals its previous
+one (a backend whose load did not change, though its process and histogram series did), the
+previous snapshot is the answer and the second step can be skipped.
+
+One module per server format; `prom` is the shared text reader. Each format module lists the
+series it reads in the server's payload order (`NAMES`, and `TAIL` for those at the very end),
+so that a current payload is crossed about once; names only older server versions write are
+searched for only when the current ones are missing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 from routing.metrics import llamacpp, sglang, tgi, trtllm, vllm
 from routing.metrics.detect import detect_family
 from routing.metrics.llamacpp import Slots, parse_slots, with_slots
-from routing.metrics.prom import MetricsError, parse_samples
+from routing.metrics.prom import Groups, MetricsError, parse_groups
 from routing.state import METRICS_FORMATS, BackendSnapshot
 
 __all__ = [
     "MetricsError",
+    "Reading",
     "Slots",
     "detect_family",
     "parse_metrics",
     "parse_slots",
+    "read_metrics",
+    "snapshot_of",
     "with_slots",
 ]
 
+_READERS: dict[str, Callable[[bytes], Groups]] = {
+    "vllm": vllm.read,
+    "vllm-v0": vllm.read,
+    "sglang": sglang.read,
+    "tgi": tgi.read,
+    "trtllm": trtllm.read,
+    "llamacpp": llamacpp.read,
+}
+
+
+class Reading(NamedTuple):
+    """The text of the series a snapshot is built from, and how to read it. Equal readings give
+    equal snapshots (for the same `max_batch_total_tokens`)."""
+
+    family: str  # the format family: configured, or detected ("vllm" for either variant)
+    format: str | None  # as configured; None when detected
+    groups: Groups
+
 
 def parse_metrics(
-    text: str,
+    payload: bytes | str,
     *,
     taken_at: float,
     format: str | None = None,
     max_batch_total_tokens: int | None = None,
 ) -> BackendSnapshot:
-    """One snapshot from a /metrics payload.
+    """One snapshot from a /metrics payload (the bytes as they came, or decoded text).
 
     `format` is one of `routing.state.METRICS_FORMATS`, or None to detect it. `taken_at` is the
     caller's monotonic time of the scrape. `max_batch_total_tokens` is TGI's configured batch
     budget (ignored by the other formats). Raises MetricsError for a payload that is not the
     format (garbage, an HTML error page, another server's metrics).
     """
+    reading = read_metrics(payload, format=format)
+    return snapshot_of(reading, taken_at=taken_at, max_batch_total_tokens=max_batch_total_tokens)
+
+
+def read_metrics(payload: bytes | str, *, format: str | None = None) -> Reading:
+    """The series of `payload` that the format reads (detected when `format` is None). Raises
+    MetricsError when no server's load series are there. Bytes are read as they are (only the
+    series read are decoded, as UTF-8), text is encoded first."""
     if format is not None and format not in METRICS_FORMATS:
         raise ValueError(f"unknown metrics format {format!r}")
-    family = detect_family(text) if format is None else format
+    if isinstance(payload, str):
+        payload = payload.encode()
+    family = detect_family(payload) if format is None else format
+    return Reading(family, format, _READERS[family](payload))
+
+
+def snapshot_of(
+    reading: Reading, *, taken_at: float, max_batch_total_tokens: int | None = None
+) -> BackendSnapshot:
+    """The snapshot of a reading (see `parse_metrics`). Raises MetricsError when the series the
+    format needs are missing."""
+    samples = parse_groups(reading.groups)
+    family = reading.family
     if family in ("vllm", "vllm-v0"):
-        return vllm.build(parse_samples(text, vllm.NAMES), taken_at=taken_at, variant=format)
+        return vllm.build(samples, taken_at=taken_at, variant=reading.format)
     if family == "sglang":
-        return sglang.build(parse_samples(text, sglang.NAMES), taken_at=taken_at)
+        return sglang.build(samples, taken_at=taken_at)
     if family == "tgi":
         return tgi.build(
-            parse_samples(text, tgi.NAMES),
-            taken_at=taken_at,
-            max_batch_total_tokens=max_batch_total_tokens,
+            samples, taken_at=taken_at, max_batch_total_tokens=max_batch_total_tokens
         )
     if family == "trtllm":
-        return trtllm.build(parse_samples(text, trtllm.NAMES), taken_at=taken_at)
-    return llamacpp.build(parse_samples(text, llamacpp.NAMES), taken_at=taken_at)
+        return trtllm.build(samples, taken_at=taken_at)
+    return llamacpp.build(samples, taken_at=taken_at)

@@ -22,14 +22,16 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
 }
 _FAMILY_OF = {name: family for family, names in SIGNATURES.items() for name in names}
 _NAME = "(" + "|".join(re.escape(n) for n in sorted(_FAMILY_OF, key=len, reverse=True)) + ")[{ \t]"
-_SIGNATURE_LINE = re.compile("\n" + _NAME)
-_SIGNATURE_FIRST_LINE = re.compile(_NAME)
+_SIGNATURE_LINE = re.compile(("\n" + _NAME).encode())
+_SIGNATURE_FIRST_LINE = re.compile(_NAME.encode())
 
 
-def detect_family(text: str) -> str:
+def detect_family(payload: bytes | str) -> str:
     """"vllm" (either variant), "sglang", "tgi", "trtllm" or "llamacpp"; MetricsError if none."""
-    match = _SIGNATURE_FIRST_LINE.match(text) or _SIGNATURE_LINE.search(text)
+    if isinstance(payload, str):
+        payload = payload.encode()
+    match = _SIGNATURE_FIRST_LINE.match(payload) or _SIGNATURE_LINE.search(payload)
     if match is None:
         raise MetricsError("unrecognised metrics payload: no vLLM, SGLang, TGI, TensorRT-LLM or "
                            "llama.cpp load series")
-    return _FAMILY_OF[match.group(1)]
+    return _FAMILY_OF[match.group(1).decode()]

@@ -19,7 +19,15 @@ from collections.abc import Mapping
 
 import orjson
 
-from routing.metrics.prom import MetricsError, Samples, count, total, unit_fraction
+from routing.metrics.prom import (
+    Groups,
+    MetricsError,
+    Samples,
+    count,
+    read_groups,
+    total,
+    unit_fraction,
+)
 from routing.state import BackendSnapshot
 
 PROCESSING = "llamacpp:requests_processing"
@@ -28,7 +36,12 @@ KV_USAGE_RATIO = "llamacpp:kv_cache_usage_ratio"
 PROMPT_TOKENS = "llamacpp:prompt_tokens_total"
 PROMPT_TOKENS_CACHED = "llamacpp:prompt_tokens_cached_total"
 
-NAMES = frozenset({PROCESSING, DEFERRED, KV_USAGE_RATIO, PROMPT_TOKENS, PROMPT_TOKENS_CACHED})
+# In the order llama-server writes them; the usage ratio only older builds write comes last.
+NAMES = (PROMPT_TOKENS, PROMPT_TOKENS_CACHED, PROCESSING, DEFERRED, KV_USAGE_RATIO)
+
+
+def read(payload: bytes) -> Groups:
+    return read_groups(payload, NAMES)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

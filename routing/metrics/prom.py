@@ -1,23 +1,41 @@
 """Prometheus text exposition (format 0.0.4) → the samples of a few named series.
 
 A backend's /metrics payload is mostly histogram buckets and process counters that routing never
-reads (vLLM: ~500 lines, TGI: ~2,000). So the parser is told which sample names it wants and
-pulls just those lines out with one compiled regex that runs in C; everything else, including
-`_bucket`, `_created` and comment lines, is skipped without a Python-level loop. Label order is
-free, label values may hold escaped quotes and `}`, values are Go/Python floats (`1.8432e+06`,
-`5.173653504e+010`, `NaN`, `+Inf`), an optional timestamp is ignored, and a family declared with
-HELP/TYPE but no samples simply yields no samples. A sample whose value is not a number is
-skipped rather than failing the payload: a partial update is better than none, and the format
-parsers report a payload with none of their series as unrecognised.
+reads (vLLM: ~500 lines, TGI: ~2,000), and it is scraped several times a second per backend. So
+the reader never walks the payload line by line in Python: for each wanted sample name it jumps
+with `bytes.find` (C speed, on the payload as it came off the wire, undecoded) to the first line
+that starts with the name, then takes that line and the lines right after it while they are
+samples of the same series: the name's group. Only the groups are decoded and parsed.
+
+That rests on the format's rule that all lines of one metric form a single group: the first group
+of a name is all of it, and nothing after it has to be searched. Servers write their families in
+a stable order, so callers list the names they want in payload order and each search starts where
+the previous group ended (wrapping around to the top when a name is not after it): the payload is
+crossed about once, whatever the number of names. Names a server writes at the very end, after
+its histograms, are searched for from the bottom up. A name the payload does not hold costs one
+full search; names only older server versions write are therefore searched for only once the
+current names turn out to be missing (`read_older`).
+
+Two steps: `read_groups` cuts the groups' text out of the payload, `parse_groups` reads their
+samples. Equal groups give equal samples, so a caller that keeps the previous scrape's groups can
+skip the second step (and the format parser after it) when nothing it reads has changed, even
+though the payload's other series (process CPU, histograms) have.
+
+Line syntax: label order is free, label values may hold escaped quotes and `}`, values are
+Go/Python floats (`1.8432e+06`, `5.173653504e+010`, `NaN`, `+Inf`), an optional timestamp is
+ignored, CRLF line ends read the same, and a family declared with HELP/TYPE but no samples simply
+yields no samples. A counter's `_created` lines may sit between its `_total` lines (older clients
+interleave them). A sample whose value is not a number is skipped rather than failing the payload:
+a partial update is better than none, and the format parsers report a payload with none of their
+series as unrecognised.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from functools import lru_cache
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import lru_cache, partial
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -25,6 +43,9 @@ from typing import NamedTuple
 # unrolled so that the regex engine takes each run in one step, not one branch per character.
 _LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"')
 _ESCAPE = re.compile(r"\\(.)")
+# A sample line: name, the labels (up to the line's last `}`, so a `}` in a value is kept), the
+# first word after them (a timestamp after it is ignored).
+_SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+([^ \t\r\n]+)", re.M)
 _UNESCAPED = {"n": "\n"}
 
 
@@ -38,27 +59,163 @@ class Sample(NamedTuple):
 
 
 Samples = dict[str, list[Sample]]
+# Sample((labels, value)) without NamedTuple's Python-level __new__: the reader's inner loop.
+_new_sample: Callable[[tuple[Mapping[str, str], float]], Sample] = partial(tuple.__new__, Sample)
 _NO_LABELS: Mapping[str, str] = MappingProxyType({})
 
 
-def parse_samples(text: str, names: Iterable[str]) -> Samples:
-    """The samples of every series in `names` that `text` holds, by sample name, in text order.
+Groups = dict[str, bytes]  # sample name -> its group of lines, as the payload holds them
 
-    `names` are full sample names (`vllm:num_preemptions_total`, not the family name).
+
+def parse_samples(payload: bytes | str, names: Iterable[str], tail: Sequence[str] = ()) -> Samples:
+    """The samples of every series in `names` and `tail` that `payload` holds, by sample name,
+    in payload order (`read_groups`, then `parse_groups`)."""
+    if isinstance(payload, str):
+        payload = payload.encode()
+    return parse_groups(read_groups(payload, names, tail))
+
+
+def read_groups(payload: bytes, names: Iterable[str], tail: Sequence[str] = ()) -> Groups:
+    """The group of lines of every series in `names` and `tail` that `payload` holds.
+
+    Bytes, not text: the payload is searched as it came off the wire, and only the groups are
+    decoded (by `parse_groups`). Names are full sample names (`vllm:num_preemptions_total`, not
+    the family name). `names` are searched for from the top, best listed in the order the
+    payload holds them; `tail` names, the ones a server writes near the end of its payload, from
+    the bottom up (list them in payload order too). Any order finds the same groups, only slower.
     """
-    pattern, first_line, prefix = _pattern(frozenset(names))
-    found = pattern.findall(text)  # anchored on the newline before a line: misses line 1
-    if text.startswith(prefix) and (head := first_line.match(text)) is not None:
-        found.insert(0, head.groups(""))
-    out: Samples = {}
-    for suffix, raw_labels, raw_value in found:
-        try:
-            value = float(raw_value)
-        except ValueError:
-            continue
-        labels = parse_labels(raw_labels) if raw_labels else _NO_LABELS
-        out.setdefault(prefix + suffix, []).append(Sample(labels, value))
+    out: Groups = {}
+    cursor = 0
+    for name in names:
+        terms = _search_terms(name)
+        begin = _find_forward(payload, terms, cursor)
+        if begin >= 0:
+            cursor = _group_end(payload, terms, begin)
+            out[name] = payload[begin:cursor]
+    cursor = len(payload)
+    for name in reversed(tail):
+        terms = _search_terms(name)
+        begin = _find_backward(payload, terms, cursor)
+        if begin >= 0:
+            out[name] = payload[begin : _group_end(payload, terms, begin)]
+            cursor = begin
     return out
+
+
+def parse_groups(groups: Mapping[str, bytes]) -> Samples:
+    """The samples of each group (UTF-8, undecodable bytes replaced); a group without a sample
+    that has a numeric value is left out. A group holds only its name's lines (and maybe
+    `_created` siblings): a regex pass over it costs less than a Python loop over its lines."""
+    out: Samples = {}
+    for name, group in groups.items():
+        samples: list[Sample] = []
+        lines = _SAMPLE_LINE.findall(group.decode("utf-8", "replace"))
+        for line_name, raw_labels, raw_value in lines:
+            if line_name != name:
+                continue  # a `_created` sibling
+            try:
+                value = float(raw_value)
+            except ValueError:
+                continue
+            labels = parse_labels(raw_labels) if raw_labels else _NO_LABELS
+            samples.append(_new_sample((labels, value)))
+        if samples:
+            out[name] = samples
+    return out
+
+
+def read_older(payload: bytes, groups: Groups, renamed: Iterable[tuple[str, str]]) -> Groups:
+    """`groups` completed, for each (current name, older name) pair whose current name is
+    missing, with the older name's group: a current payload costs no search for names only
+    older server versions write."""
+    older = [old for new, old in renamed if new not in groups and old not in groups]
+    if older:
+        groups.update(read_groups(payload, dict.fromkeys(older)))
+    return groups
+
+
+class _Terms(NamedTuple):
+    """How one sample name is searched for in a payload."""
+
+    needle: bytes  # "\n" + name: a line that starts with the name (or a longer one: `x_bucket`)
+    size: int
+    starts: tuple[bytes, ...]  # what a sample line of the name starts with
+    sibling: bytes | None  # `x_created` for `x_total` and back: lines that may interleave
+
+
+@lru_cache(maxsize=256)
+def _search_terms(name: str) -> _Terms:
+    if not name or not name.isascii():
+        raise ValueError(f"not a sample name: {name!r}")
+    sibling = None  # a counter's `_total` and `_created` lines may interleave
+    if name.endswith("_total"):
+        sibling = name[: -len("_total")] + "_created"
+    elif name.endswith("_created"):
+        sibling = name[: -len("_created")] + "_total"
+    return _Terms(
+        ("\n" + name).encode(),
+        len(name),
+        tuple((name + end).encode() for end in ("{", " ", "\t")),
+        None if sibling is None else sibling.encode(),
+    )
+
+
+def _find_forward(payload: bytes, terms: _Terms, cursor: int) -> int:
+    """The start of the first sample line of the name at or after `cursor` (a line start),
+    else from the top; -1 when there is none."""
+    if cursor:
+        found = _first_line(payload, terms, cursor, len(payload))
+        if found >= 0:
+            return found
+        return _first_line(payload, terms, 0, cursor + terms.size + 1)
+    return _first_line(payload, terms, 0, len(payload))
+
+
+def _find_backward(payload: bytes, terms: _Terms, cursor: int) -> int:
+    """The start of the group of the name's last sample line before `cursor` (a line start),
+    else after it; -1 when there is none."""
+    needle, size, starts, sibling = terms
+    pos = payload.rfind(needle, 0, cursor + size)
+    while pos >= 0 and not payload.startswith(starts, pos + 1):
+        pos = payload.rfind(needle, 0, pos + size)
+    if pos >= 0:
+        begin = pos + 1
+    elif payload.startswith(starts):
+        begin = 0
+    else:
+        return _first_line(payload, terms, cursor, len(payload)) if cursor < len(payload) else -1
+    while begin:  # back to the group's first line
+        previous = payload.rfind(b"\n", 0, begin - 1) + 1
+        if not (payload.startswith(starts, previous)
+                or (sibling is not None and payload.startswith(sibling, previous))):
+            break
+        begin = previous
+    return begin
+
+
+def _first_line(payload: bytes, terms: _Terms, start: int, stop: int) -> int:
+    """The first line start at or after `start` (a line start) where a sample of the name
+    begins, looking for the needle up to `stop`; -1 when there is none."""
+    needle, _, starts, _ = terms
+    if start == 0 and payload.startswith(starts):
+        return 0
+    pos = payload.find(needle, start - 1 if start else 0, stop)
+    while pos >= 0 and not payload.startswith(starts, pos + 1):
+        pos = payload.find(needle, pos + 1, stop)
+    return pos + 1 if pos >= 0 else -1
+
+
+def _group_end(payload: bytes, terms: _Terms, begin: int) -> int:
+    """The start of the first line after the group whose first line starts at `begin`."""
+    _, _, starts, sibling = terms
+    pos = begin
+    while payload.startswith(starts, pos) or (
+        sibling is not None and payload.startswith(sibling, pos)
+    ):
+        pos = payload.find(b"\n", pos) + 1
+        if pos == 0:
+            return len(payload)
+    return pos
 
 
 @lru_cache(maxsize=4096)
@@ -78,21 +235,6 @@ def _unescape(match: re.Match[str]) -> str:
     return _UNESCAPED.get(match.group(1), match.group(1))
 
 
-@lru_cache(maxsize=64)
-def _pattern(names: frozenset[str]) -> tuple[re.Pattern[str], re.Pattern[str], str]:
-    """One regex for a set of names. Their common prefix (`vllm:`) is a literal after the newline,
-    which lets the regex engine reject most lines after a character or two; the alternatives are
-    longest first so that a name never matches as the prefix of a longer one."""
-    if not names:
-        raise ValueError("no sample names given")
-    prefix = os.path.commonprefix(sorted(names))
-    suffixes = sorted((name[len(prefix):] for name in names), key=len, reverse=True)
-    alternatives = "|".join(re.escape(suffix) for suffix in suffixes)
-    # Group 2 is greedy up to the last `}` on the line, so a `}` inside a label value is kept.
-    line = re.escape(prefix) + "(" + alternatives + r")(?:\{(.*)\})?[ \t]+([^ \t\n]+)"
-    return re.compile("\n" + line), re.compile(line), prefix
-
-
 # Reading series: helpers the format parsers share.
 
 
@@ -104,6 +246,9 @@ def total(series: Sequence[Sample] | None) -> float | None:
     """The sum of a series' finite values; None when there are none (absent, or all NaN)."""
     if not series:
         return None
+    if len(series) == 1:  # the usual case, one engine
+        value = series[0].value
+        return value if math.isfinite(value) else None
     values = [s.value for s in series if math.isfinite(s.value)]
     return math.fsum(values) if values else None
 
@@ -111,7 +256,10 @@ def total(series: Sequence[Sample] | None) -> float | None:
 def count(series: Sequence[Sample] | None) -> int | None:
     """A summed gauge or counter of things (requests, preemptions) as an int."""
     value = total(series)
-    return None if value is None else max(0, round(value))
+    if value is None:
+        return None
+    rounded = round(value)
+    return rounded if rounded > 0 else 0
 
 
 def by_label(series: Sequence[Sample] | None, label: str) -> dict[str, Sample]:

@@ -18,12 +18,15 @@ size known anywhere, counts are in tokens (block size 1).
 from __future__ import annotations
 
 from routing.metrics.prom import (
+    Groups,
     MetricsError,
     Sample,
     Samples,
     count,
     finite,
     int_label,
+    read_groups,
+    read_older,
     unit_fraction,
 )
 from routing.state import BackendSnapshot
@@ -38,19 +41,27 @@ CACHE_CONFIG = "sglang:cache_config_info"
 HIT_RATE = "sglang:cache_hit_rate"
 RETRACTIONS = "sglang:num_retracted_requests_total"
 
-NAMES = frozenset({
-    RUNNING, WAITING, TOKEN_USAGE, MAX_TOKENS, PAGE_SIZE, NUM_PAGES, CACHE_CONFIG, HIT_RATE,
-    RETRACTIONS,
-})
+# In the order SGLang writes them: `NAMES` near the top, `TAIL` after the histograms (the reader
+# searches those from the bottom up). The cache config info gauge of older versions is read only
+# when a page gauge is missing.
+NAMES = (RUNNING, WAITING, HIT_RATE, TOKEN_USAGE, RETRACTIONS)
+TAIL = (MAX_TOKENS, PAGE_SIZE, NUM_PAGES)
+_RENAMED = ((PAGE_SIZE, CACHE_CONFIG), (NUM_PAGES, CACHE_CONFIG))  # gauges, older: info labels
+
+
+def read(payload: bytes) -> Groups:
+    """The series `build` reads: `NAMES`, and the older cache config info only where a page
+    gauge is missing."""
+    return read_older(payload, read_groups(payload, NAMES, TAIL), _RENAMED)
 
 
 def build(samples: Samples, *, taken_at: float) -> BackendSnapshot:
     if TOKEN_USAGE not in samples and RUNNING not in samples:
         raise MetricsError("no SGLang load metrics (sglang:num_running_reqs, sglang:token_usage)")
-    ranks = {name: per_dp_rank(samples.get(name)) for name in NAMES}
+    ranks = {name: per_dp_rank(samples.get(name)) for name in (*NAMES, *TAIL, CACHE_CONFIG)}
     total_blocks, free_blocks, usage, block_size = _kv(ranks)
     rates = [r for r in (finite(s.value) for s in ranks[HIT_RATE].values()) if r is not None]
-    models = {s.labels.get("model_name", ""): None for s in samples.get(RUNNING, [])}
+    models = {s.labels.get("model_name", ""): None for s in samples.get(RUNNING) or ()}
     models.pop("", None)
     return BackendSnapshot(
         taken_at=taken_at,

@@ -10,14 +10,18 @@ Running is `tgi_batch_current_size`, waiting `tgi_queue_size`.
 
 from __future__ import annotations
 
-from routing.metrics.prom import MetricsError, Samples, count, total
+from routing.metrics.prom import Groups, MetricsError, Samples, count, read_groups, total
 from routing.state import BackendSnapshot
 
 QUEUE = "tgi_queue_size"
 BATCH_SIZE = "tgi_batch_current_size"
 BATCH_MAX_TOKENS = "tgi_batch_current_max_tokens"
 
-NAMES = frozenset({QUEUE, BATCH_SIZE, BATCH_MAX_TOKENS})
+NAMES = (BATCH_MAX_TOKENS, BATCH_SIZE, QUEUE)  # in the order TGI writes them
+
+
+def read(payload: bytes) -> Groups:
+    return read_groups(payload, NAMES)
 
 
 def build(

@@ -11,13 +11,25 @@ Triton server each have a pool, and the pools are summed. The `model` label name
 
 from __future__ import annotations
 
-from routing.metrics.prom import MetricsError, Sample, Samples, finite, unit_fraction
+from routing.metrics.prom import (
+    Groups,
+    MetricsError,
+    Sample,
+    Samples,
+    finite,
+    read_groups,
+    unit_fraction,
+)
 from routing.state import BackendSnapshot
 
 KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
 REQUESTS = "nv_trt_llm_request_metrics"
 
-NAMES = frozenset({KV_BLOCKS, REQUESTS})
+NAMES = (REQUESTS, KV_BLOCKS)  # in the order Triton writes them
+
+
+def read(payload: bytes) -> Groups:
+    return read_groups(payload, NAMES)
 
 
 def build(samples: Samples, *, taken_at: float) -> BackendSnapshot:

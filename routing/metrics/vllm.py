@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 from routing.metrics.prom import (
+    Groups,
     MetricsError,
     Sample,
     Samples,
@@ -27,6 +28,8 @@ from routing.metrics.prom import (
     count,
     finite,
     int_label,
+    read_groups,
+    read_older,
     total,
     unit_fraction,
 )
@@ -44,11 +47,25 @@ PREFIX_HIT_RATE_V0 = "vllm:gpu_prefix_cache_hit_rate"
 LORA_INFO = "vllm:lora_requests_info"
 SUCCESS = "vllm:request_success_total"
 
-NAMES = frozenset({
-    RUNNING, WAITING, KV_USAGE, KV_USAGE_OLD, CACHE_CONFIG, PREEMPTIONS, *PREFIX_QUERIES,
-    *PREFIX_HITS, PREFIX_HIT_RATE_V0, LORA_INFO, SUCCESS,
-})
+# The series current servers write, in the order vLLM writes them: `NAMES` in the first few KB,
+# `TAIL` at the very end, after the histograms (the reader searches those from the bottom up).
+# The older names are read only when the current ones are missing.
+NAMES = (RUNNING, WAITING, KV_USAGE, PREFIX_QUERIES[0], PREFIX_HITS[0], PREEMPTIONS, SUCCESS)
+TAIL = (LORA_INFO, CACHE_CONFIG)
+# (current name, what older servers write instead)
+_RENAMED = (
+    (KV_USAGE, KV_USAGE_OLD),
+    (PREFIX_QUERIES[0], PREFIX_QUERIES[1]),
+    (PREFIX_HITS[0], PREFIX_HITS[1]),
+    (PREFIX_QUERIES[0], PREFIX_HIT_RATE_V0),
+)
 _SIM_CACHE_LABELS = frozenset({"block_size", "num_gpu_blocks"})
+
+
+def read(payload: bytes) -> Groups:
+    """The series `build` reads: `NAMES` and `TAIL`, and the older names only where current ones
+    are missing."""
+    return read_older(payload, read_groups(payload, NAMES, TAIL), _RENAMED)
 
 
 def build(samples: Samples, *, taken_at: float, variant: str | None) -> BackendSnapshot:
@@ -58,7 +75,7 @@ def build(samples: Samples, *, taken_at: float, variant: str | None) -> BackendS
         raise MetricsError("no vLLM load metrics (vllm:num_requests_running, KV usage)")
     simulator = is_simulator(samples)
     if variant is None:
-        has_engines = any("engine" in s.labels for s in usage_series or samples.get(RUNNING, []))
+        has_engines = any("engine" in s.labels for s in usage_series or samples.get(RUNNING) or ())
         variant = "vllm" if KV_USAGE in samples or has_engines or simulator else "vllm-v0"
     reserved = 1 if variant == "vllm" and not simulator else 0
     total_blocks, free_blocks, usage, block_size = _kv(usage_series, samples, reserved)
@@ -73,15 +90,15 @@ def build(samples: Samples, *, taken_at: float, variant: str | None) -> BackendS
         waiting=count(samples.get(WAITING)),
         preemptions=count(samples.get(PREEMPTIONS)),
         prefix_cache_hit_rate=_hit_rate(samples),
-        models=_models(samples),
+        models=_models(samples, usage_series),
     )
 
 
 def is_simulator(samples: Samples) -> bool:
-    if any("finish_reason" in s.labels for s in samples.get(SUCCESS, ())):
+    if any("finish_reason" in s.labels for s in samples.get(SUCCESS) or ()):
         return True
-    configs = samples.get(CACHE_CONFIG, ())
-    return bool(configs) and all(set(s.labels) == _SIM_CACHE_LABELS for s in configs)
+    configs = samples.get(CACHE_CONFIG) or ()
+    return bool(configs) and all(s.labels.keys() == _SIM_CACHE_LABELS for s in configs)
 
 
 def _kv(
@@ -125,21 +142,21 @@ def _hit_rate(samples: Samples) -> float | None:
         if queries is not None:
             hits = total(samples.get(hits_name))
             return None if hits is None or queries <= 0 else min(1.0, hits / queries)
-    gauges = (finite(s.value) for s in samples.get(PREFIX_HIT_RATE_V0, ()))
+    gauges = (finite(s.value) for s in samples.get(PREFIX_HIT_RATE_V0) or ())
     rates = [r for r in gauges if r is not None and r >= 0]
     return min(1.0, sum(rates) / len(rates)) if rates else None
 
 
-def _models(samples: Samples) -> tuple[str, ...] | None:
-    """The served model names (`model_name` labels) and the LoRA adapters in the newest
-    `vllm:lora_requests_info` series (its value is the time it was set)."""
+def _models(samples: Samples, usage_series: list[Sample] | None) -> tuple[str, ...] | None:
+    """The served model names (`model_name` labels of the load and usage series) and the LoRA
+    adapters in the newest `vllm:lora_requests_info` series (its value is the time it was set)."""
     names: dict[str, None] = {}
-    for series_name in (RUNNING, WAITING, KV_USAGE, KV_USAGE_OLD):
-        for sample in samples.get(series_name, ()):
+    for series in (samples.get(RUNNING), samples.get(WAITING), usage_series):
+        for sample in series or ():
             model = sample.labels.get("model_name")
             if model:
                 names[model] = None
-    lora = [s for s in samples.get(LORA_INFO, ()) if math.isfinite(s.value)]
+    lora = [s for s in samples.get(LORA_INFO) or () if math.isfinite(s.value)]
     if lora:
         newest = max(lora, key=lambda s: s.value)
         for label in ("running_lora_adapters", "waiting_lora_adapters"):
