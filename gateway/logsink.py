@@ -11,6 +11,7 @@ closes handlers at exit).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -74,11 +75,10 @@ class BatchedLineHandler(logging.Handler):
         text = "".join(self._pending)
         self._pending.clear()
         self._size = 0
-        try:
+        # stdout closed or gone: the log must not stop serving
+        with contextlib.suppress(OSError, ValueError):
             self._stream.write(text)
             self._stream.flush()
-        except (OSError, ValueError):  # stdout closed or gone: the log must not stop serving
-            pass
 
     def _run(self) -> None:
         """Waits for a first pending line, then flushes `max_delay_s` later."""

@@ -19,6 +19,7 @@ completed, locust failed or the demo died; 2 on bad usage.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -53,12 +54,10 @@ def _wait_ready(url: str, demo: subprocess.Popen[bytes]) -> None:
         if demo.poll() is not None:
             raise RuntimeError(f"kvgate demo exited with code {demo.returncode} before it was "
                                "ready")
-        try:
+        with contextlib.suppress(urllib.error.URLError, OSError):  # not listening yet
             with urllib.request.urlopen(f"{url}/ready", timeout=2.0) as resp:
                 if resp.status == 200:
                     return
-        except (urllib.error.URLError, OSError):
-            pass
         time.sleep(0.1)
     raise RuntimeError(f"kvgate demo was not ready within {READY_DEADLINE_S:g} s")
 

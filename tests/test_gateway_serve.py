@@ -4,6 +4,7 @@ config form reads a YAML file with KVGATE_* overrides, and SIGTERM stops it with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -53,12 +54,10 @@ async def serve_and_query(args: list[str], port: int, env: dict[str, str]) -> li
             end = loop.time() + START_DEADLINE_S
             while True:
                 assert proc.returncode is None, "kvgate serve exited early"
-                try:
+                with contextlib.suppress(aiohttp.ClientConnectionError):  # not listening yet
                     async with http.get(base + "/ready") as resp:
                         if resp.status == 200:
                             break
-                except aiohttp.ClientConnectionError:
-                    pass
                 assert loop.time() < end, "kvgate serve never became ready"
                 await asyncio.sleep(0.05)
             async with http.get(base + "/v1/models") as resp:
