@@ -208,18 +208,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`kvgate simulate` on its own, with the same arguments and exit codes."""
-    parser = argparse.ArgumentParser(prog="kvgate simulate", description=DESCRIPTION)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        code: int = args.func(args)
-    except UsageError as exc:
-        print(f"kvgate simulate: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return code
+    """`kvgate simulate` on its own (`python -m loadtest.simulate_cli`), through the one CLI
+    dispatcher, so arguments and exit codes are the same."""
+    from gateway.cli import main as kvgate_main
+
+    return kvgate_main(["simulate", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -6,23 +6,18 @@ from __future__ import annotations
 import asyncio
 import shlex
 import signal
-import socket
 import sys
 from pathlib import Path
 
 import aiohttp
 import orjson
 
+from tests.paths import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 START_DEADLINE_S = 30.0
 EXIT_DEADLINE_S = 15.0
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 async def read_banner(stdout: asyncio.StreamReader) -> list[str]:

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,18 +17,13 @@ import pytest
 
 from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS
+from tests.paths import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = PRESETS[DEFAULT_PRESET].model_name
 START_DEADLINE_S = 30.0
 EXIT_DEADLINE_S = 15.0
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -20,7 +19,7 @@ from routing.fleet import Fleet
 from routing.metrics import Reading, snapshot_of
 from routing.poller import Poller, restamped, retry_delay
 from routing.state import BackendSnapshot, BackendSpec
-from tests.paths import FIXTURES
+from tests.paths import FIXTURES, free_port
 
 VLLM_V1 = (FIXTURES / "vllm-v1.prom").read_bytes()
 DEADLINE_S = 15.0
@@ -35,12 +34,6 @@ async def eventually(predicate: Callable[[], bool], what: str) -> None:
             pytest.fail(f"timed out waiting for: {what}")
         await asyncio.sleep(0.005)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextlib.asynccontextmanager

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -26,7 +25,7 @@ from routing.scrape_client import (
     client_for,
     get,
 )
-from tests.paths import FIXTURES
+from tests.paths import FIXTURES, free_port
 
 PAYLOAD = (FIXTURES / "vllm-v1.prom").read_bytes()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -132,12 +131,6 @@ async def client_of(kind: str, url: str, max_body: int = 1 << 20) -> AsyncIterat
 
 BOTH = pytest.mark.parametrize("kind", ["keep-alive", "aiohttp session"])
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # Bodies and errors, through either client.
