@@ -2,24 +2,42 @@
 
     .venv/bin/python -m loadtest.bench_parse [--backends 32] [--interval 0.1] [--seconds 10]
                                              [--group-size 8] [--loop uvloop|asyncio]
-                                             [--payloads same,idle,busy] [--no-aiohttp]
+                                             [--payloads same,idle,busy]
+                                             [--servers filtered,unfiltered] [--no-aiohttp]
                                              [--fixtures DIR]
 
-1. Parse cost per payload: `parse_metrics` on each fixture payload, format auto-detected and
+1. Parse cost per payload: `parse_metrics` on each fixture payload (and on prometheus_client's
+   answer to the poller's name[] query for the vLLM V1 one), format auto-detected and
    configured, and `read_metrics` alone (what a scrape costs when the series the format reads
    are unchanged: the poller then re-uses its last snapshot). Best of several rounds of thread
    CPU time, in microseconds per payload.
 2. Poller CPU share: `--backends` aiohttp servers on 127.0.0.1, all in one subprocess, serving
-   the vLLM V1 fixture at /metrics; this process runs the real `Poller` against them at
-   `--interval` (on uvloop, as the gateway does) and measures its own CPU time (user + system,
-   from getrusage) over `--seconds`, after a warm-up. The share is CPU seconds per wall second:
-   100% is one core; the target (issue 4) is under 5%. Three kinds of payload:
+   the vLLM V1 fixture (~50 KB, ~500 lines) at /metrics; this process runs the real `Poller`
+   against them at `--interval` (on uvloop, as the gateway does; formats auto-detected) and
+   measures its own CPU time (user + system, from getrusage) over `--seconds`, after a warm-up.
+   The share is CPU seconds per wall second: 100% is one core; the target (issue 4) is under 5%.
+   Two kinds of server (`--servers`):
+   - filtered: what vLLM serves. prometheus_client's own exposition over a registry holding
+     the fixture's families, one collector per family as vLLM registers them
+     (`fixture_registry`), so `/metrics?name[]=...` gets only the samples asked for (~3 KB).
+     Its answers are rendered once per query and step, then replayed (`Exposition` says why).
+     The poller reads plain /metrics once, detects vLLM, then scrapes the filtered path
+     (routing/metrics/query.py); the "name[]" column is the share of scrapes that asked for it.
+   - unfiltered: a server that ignores the query (as TGI, TensorRT-LLM and llama.cpp do, and
+     vLLM versions whose own /metrics route shadows prometheus_client's): the fixture's bytes
+     at every scrape, whatever the query. The poller still asks (name[] 100%) and reads the
+     whole payload.
+   Three kinds of payload:
    - same: the same bytes at every scrape (an idle simulator): the poller re-uses its snapshot
-     after a byte comparison. This is what this benchmark measured before the re-use existed.
+     after a byte comparison.
    - idle: the process CPU counter changes at every scrape, the load series do not (an idle
-     real server): the poller cuts the load series out, finds them equal, re-uses its snapshot.
-   - busy: running, KV usage and a counter change at every scrape: a full parse every time.
-   `--group-size` backends are scraped in the same instant (see routing/poller.py).
+     real server): unfiltered, the poller cuts the load series out, finds them equal and re-uses
+     its snapshot; filtered, the answer holds no process series, so it is "same" again.
+   - busy: running, KV usage and a counter change at every scrape: a parse every time (of the
+     series that changed: the others' samples are kept, routing/metrics/prom.py `GroupCache`).
+   `--group-size` backends are scraped in the same instant (see routing/poller.py). The servers'
+   CPU is not counted, but the filter saves theirs too: the last line of part 1 is what
+   prometheus_client takes to render the whole vLLM V1 payload and the name[] answer.
 3. For reference, the same GETs through a bare aiohttp loop (the poller's client before the
    keep-alive client), no parsing, no poller.
 Other processes on the machine disturb the figures (caches, scheduling): the load averages are
@@ -31,23 +49,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import itertools
 import os
 import resource
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from pathlib import Path
+from urllib.parse import parse_qs
 
 import aiohttp
 import uvloop
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
 from routing.fleet import Fleet
 from routing.metrics import parse_metrics, read_metrics
+from routing.metrics.query import SAMPLE_NAMES
 from routing.poller import Poller
 from routing.state import BackendSpec
 
@@ -61,6 +85,7 @@ PAYLOADS = (  # file, configured format
 )
 TARGET_SHARE = 0.05
 KINDS = ("same", "idle", "busy")
+SERVERS = ("filtered", "unfiltered")
 # The lines of the vLLM V1 fixture that change from scrape to scrape, by payload kind.
 _CPU = "process_cpu_seconds_total 812.33"
 _LABELS = '{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"}'
@@ -85,14 +110,24 @@ def parse_costs(fixtures: Path) -> None:
     print("parse cost per payload (thread CPU, best of 15 rounds of 200):")
     print(f"  {'payload':<15}{'bytes':>7}{'lines':>6}   {'auto-detected':>13}   {'configured':>10}"
           f"   {'series unchanged':>16}")
-    for name, fmt in PAYLOADS:
-        text = (fixtures / name).read_text()
+    rows = [(name, (fixtures / name).read_text(), fmt) for name, fmt in PAYLOADS]
+    # What a vLLM server that filters answers the poller: the series read, ~2 KB.
+    v1 = (fixtures / "vllm-v1.prom").read_text()
+    names = SAMPLE_NAMES["vllm"]
+    registry = fixture_registry(v1, "same")
+    rows.insert(1, ("vllm-v1 name[]", generate_latest(registry.restricted_registry(names)).decode(),
+                    "vllm"))
+    for name, text, fmt in rows:
         parse = partial(parse_metrics, text, taken_at=0.0, max_batch_total_tokens=131072)
         auto = cpu_us(parse)
         configured = cpu_us(partial(parse, format=fmt))
         unchanged = cpu_us(partial(read_metrics, text, format=fmt))
         print(f"  {name:<15}{len(text):>7}{text.count(chr(10)):>6}   {auto:>10.1f} us"
               f"   {configured:>7.1f} us   {unchanged:>13.1f} us")
+    whole = cpu_us(partial(generate_latest, registry), calls=20)
+    filtered = cpu_us(partial(generate_latest, registry.restricted_registry(names)), calls=20)
+    print(f"the server's side: prometheus_client renders the vLLM V1 payload in {whole:.0f} us, "
+          f"the name[] answer in {filtered:.0f} us")
 
 
 # Part 2: the servers (in a subprocess) and the poller (here).
@@ -128,19 +163,121 @@ def payloads(template: str, kind: str) -> Callable[[], bytes]:
     return busy
 
 
-async def serve(count: int, template: str, kind: str) -> None:
-    """`count` servers answering /metrics with `kind` payloads; prints their ports, runs until
-    killed."""
+# The samples that move from scrape to scrape, by payload kind: sample name -> its value at step n.
+_MOVING: dict[str, dict[str, Callable[[int], float]]] = {
+    "same": {},
+    "idle": {"process_cpu_seconds_total": lambda n: 812 + n / 100},
+    "busy": {
+        "process_cpu_seconds_total": lambda n: 812 + n / 100,
+        "vllm:num_requests_running": lambda n: float(n % 40),
+        "vllm:kv_cache_usage_perc": lambda n: (n % 97) / 100,
+        "vllm:prefix_cache_queries_total": lambda n: 1843200.0 + 512 * n,
+    },
+}
+
+
+class FamilyCollector:
+    """One metric family as a prometheus_client collector, as each of vLLM's metrics is one
+    (so a `name[]` request collects only the families asked for). A family with a moving
+    sample takes one step per collection, that is per request that includes it."""
+
+    def __init__(self, family: Metric, moving: dict[str, Callable[[int], float]]) -> None:
+        self._family = family
+        self._moving = {s.name: moving[s.name] for s in family.samples if s.name in moving}
+        self._steps = itertools.count()
+
+    def describe(self) -> list[Metric]:
+        return [self._family]
+
+    def collect(self) -> list[Metric]:
+        if not self._moving:
+            return [self._family]
+        n = next(self._steps)
+        moved = copy.copy(self._family)
+        moved.samples = [
+            s._replace(value=self._moving[s.name](n)) if s.name in self._moving else s
+            for s in self._family.samples
+        ]
+        return [moved]
+
+
+def fixture_registry(template: str, kind: str) -> CollectorRegistry:
+    """A registry serving the fixture's families, their values moving as `kind` payloads do.
+    A `x_created` gauge family that follows counter or histogram `x` is one of its samples in
+    prometheus_client (as written by a Counter or Histogram), so it is folded back into it."""
+    families: list[Metric] = []
+    for family in text_string_to_metric_families(template):
+        previous = families[-1] if families else None
+        if (previous is not None and previous.type in ("counter", "histogram")
+                and family.name == previous.name + "_created"):
+            previous.samples.extend(family.samples)
+        else:
+            families.append(family)
+    registry = CollectorRegistry()
+    for family in families:
+        registry.register(FamilyCollector(family, _MOVING[kind]))
+    return registry
+
+
+class Exposition:
+    """prometheus_client's answers to `/metrics` and `/metrics?name[]=...` (read from the query
+    as its ASGI and WSGI apps read it: parse_qs; `generate_latest` of the registry restricted to
+    the names) over `fixture_registry`, memoised per set of names: the first `cycle` answers
+    are rendered, each a step further, then served in turn. Rendering at every request would
+    make these servers slower than the unfiltered ones, and a slower server spreads its
+    answers over more of the poller's wake-ups (measured: +2.4 points of a core for the same
+    payloads), which would blur the comparison. The render cost itself is reported with the
+    parse costs."""
+
+    def __init__(self, template: str, kind: str, cycle: int = 16) -> None:
+        self._registry = fixture_registry(template, kind)
+        self._cycle = cycle
+        self._answers: dict[tuple[str, ...] | None, list[bytes]] = {}
+
+    def answer(self, query: str, step: int) -> bytes:
+        params = parse_qs(query)
+        names = tuple(params["name[]"]) if "name[]" in params else None
+        answers = self._answers.get(names)
+        if answers is None:
+            registry = self._registry if names is None else self._registry.restricted_registry(
+                names)
+            answers = self._answers[names] = [generate_latest(registry)
+                                              for _ in range(self._cycle)]
+        return answers[step % self._cycle]
+
+
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def filtered_handler(exposition: Exposition) -> Handler:
+    steps = itertools.count()
+
+    async def metrics(request: web.Request) -> web.Response:
+        body = exposition.answer(request.query_string, next(steps))
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return metrics
+
+
+def unfiltered_handler(next_payload: Callable[[], bytes]) -> Handler:
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=next_payload(), content_type="text/plain", charset="utf-8")
+
+    return metrics
+
+
+async def serve(count: int, template: str, kind: str, server: str) -> None:
+    """`count` servers answering /metrics with `kind` payloads, honouring `name[]` as
+    prometheus_client does (`server` "filtered") or ignoring it ("unfiltered"); prints their
+    ports, runs until killed."""
     runner_sites: list[web.AppRunner] = []
+    exposition = Exposition(template, kind)  # one memo for all the servers
     for _ in range(count):
-        next_payload = payloads(template, kind)
-
-        async def metrics(request: web.Request, next_payload: Callable[[], bytes] = next_payload
-                          ) -> web.Response:
-            return web.Response(body=next_payload(), content_type="text/plain", charset="utf-8")
-
         app = web.Application()
-        app.router.add_get("/metrics", metrics)
+        if server == "filtered":
+            app.router.add_get("/metrics", filtered_handler(exposition))
+        else:
+            app.router.add_get("/metrics", unfiltered_handler(payloads(template, kind)))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -160,15 +297,17 @@ async def measure_poller(
     async with poller.running():
         await asyncio.sleep(max(2.0, 10 * interval))  # warm-up: connections open, caches hot
         ok0, failed0 = poller.scrapes_ok, poller.scrapes_failed
+        filtered0 = poller.scrapes_filtered
         usage0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         await asyncio.sleep(seconds)
         usage1, wall1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         ok, failed = poller.scrapes_ok - ok0, poller.scrapes_failed - failed0
+        filtered = poller.scrapes_filtered - filtered0
     healthy = sum(fleet.is_healthy(spec.id) for spec in specs)
     wall = wall1 - wall0
     user = (usage1.ru_utime - usage0.ru_utime) / wall
     system = (usage1.ru_stime - usage0.ru_stime) / wall
-    return user, system, ok / wall, failed / wall, float(healthy)
+    return user, system, ok / wall, failed / wall, float(healthy), filtered / max(ok, 1)
 
 
 async def measure_http_only(ports: list[int], interval: float, seconds: float) -> float:
@@ -208,10 +347,10 @@ async def measure_http_only(ports: list[int], interval: float, seconds: float) -
 
 
 @contextlib.contextmanager
-def servers(args: argparse.Namespace, kind: str) -> Iterator[list[int]]:
+def servers(args: argparse.Namespace, kind: str, flavour: str) -> Iterator[list[int]]:
     server = subprocess.Popen(
         [sys.executable, "-m", "loadtest.bench_parse", "--serve", str(args.backends),
-         "--kind", kind, "--fixtures", str(args.fixtures)],
+         "--kind", kind, "--server", flavour, "--fixtures", str(args.fixtures)],
         stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -225,26 +364,36 @@ def servers(args: argparse.Namespace, kind: str) -> Iterator[list[int]]:
         server.wait()
 
 
+def _verdict(share: float) -> str:
+    return "met" if share < TARGET_SHARE else "MISSED"
+
+
 def poller_shares(args: argparse.Namespace) -> dict[str, float]:
     run = uvloop.run if args.loop == "uvloop" else asyncio.run
     print(f"\npoller CPU share: {args.backends} backends every {args.interval * 1000:.0f} ms in "
           f"groups of {args.group_size}, vLLM V1 payload ({args.loop}, {args.seconds:.0f} s each);"
           f" target < {TARGET_SHARE:.0%} of one core")
+    print("  CPU: this process (the poller); name[]: the share of scrapes that asked for only the"
+          " series read")
+    print(f"  {'server':<11}{'payloads':<9}{'CPU':>7}{'user':>8}{'system':>8}   {'target':<7}"
+          f"{'scrapes/s':>10}{'failed/s':>9}{'healthy':>8}{'name[]':>8}")
     shares: dict[str, float] = {}
-    for kind in args.payloads:
-        with servers(args, kind) as ports:
-            user, system, rate, failures, healthy = run(
-                measure_poller(ports, args.interval, args.seconds, args.group_size)
-            )
-        share = shares[kind] = user + system
-        verdict = "met" if share < TARGET_SHARE else "MISSED"
-        print(f"  {kind:<5} payloads: CPU {share:6.2%} (user {user:.2%}, system {system:.2%})"
-              f"   target < {TARGET_SHARE:.0%}: {verdict:<6}   scrapes/s {rate:5.1f}, "
-              f"failed/s {failures:.1f}, healthy {healthy:.0f}/{args.backends}")
+    for flavour in args.servers:
+        for kind in args.payloads:
+            with servers(args, kind, flavour) as ports:
+                user, system, rate, failures, healthy, filtered = run(
+                    measure_poller(ports, args.interval, args.seconds, args.group_size)
+                )
+            share = shares[f"{flavour} {kind}"] = user + system
+            print(f"  {flavour:<11}{kind:<9}{share:7.2%}{user:8.2%}{system:8.2%}   "
+                  f"{_verdict(share):<7}{rate:10.1f}{failures:9.1f}"
+                  f"{f'{healthy:.0f}/{args.backends}':>8}{filtered:8.0%}")
     if args.aiohttp:
-        with servers(args, "same") as ports:
-            http_only = run(measure_http_only(ports, args.interval, args.seconds))
-        print(f"  reference: the same GETs in a bare aiohttp loop, no parsing: {http_only:.2%}")
+        with servers(args, "same", "unfiltered") as ports:
+            http_only = shares["aiohttp"] = run(
+                measure_http_only(ports, args.interval, args.seconds))
+        print(f"  reference: the same plain GETs in a bare aiohttp loop, no parsing: "
+              f"{http_only:.2%}   {_verdict(http_only)}")
     return shares
 
 
@@ -262,18 +411,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--payloads", type=lambda s: s.split(","), default=list(KINDS),
                         help="comma-separated, of: " + ", ".join(KINDS))
+    parser.add_argument("--servers", type=lambda s: s.split(","), default=list(SERVERS),
+                        help="comma-separated, of: " + ", ".join(SERVERS))
     parser.add_argument("--no-aiohttp", dest="aiohttp", action="store_false",
                         help="skip the bare aiohttp reference")
     parser.add_argument("--fixtures", type=Path, default=FIXTURES)
     parser.add_argument("--serve", type=int, metavar="N", help=argparse.SUPPRESS)  # subprocess
     parser.add_argument("--kind", choices=KINDS, default="same", help=argparse.SUPPRESS)
+    parser.add_argument("--server", choices=SERVERS, default="unfiltered",
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     template = (args.fixtures / "vllm-v1.prom").read_text()
     if args.serve:
-        uvloop.run(serve(args.serve, template, args.kind))
+        uvloop.run(serve(args.serve, template, args.kind, args.server))
         return 0
     if unknown := set(args.payloads) - set(KINDS):
         parser.error(f"unknown payload kinds: {', '.join(sorted(unknown))}")
+    if unknown := set(args.servers) - set(SERVERS):
+        parser.error(f"unknown servers: {', '.join(sorted(unknown))}")
     print(f"load averages (1, 5, 15 min) at start: {_load()}")
     parse_costs(args.fixtures)
     poller_shares(args)

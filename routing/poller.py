@@ -17,7 +17,8 @@ interval and reports into the Fleet.
   `Reading`) is not parsed again: the previous snapshot is reused with the new `taken_at` (same
   input and configuration, same values). A real server's payload changes at every scrape (its
   process CPU, GC counters), but an idle backend's load series do not, so an idle fleet costs
-  a cut-out of its series per scrape, not a parse.
+  a cut-out of its series per scrape, not a parse. A busy backend's payload is parsed, but only
+  the series that changed (a `GroupCache` per backend keeps the others' samples).
 - Each scrape has its own deadline (`timeout`) covering connect, response and body. Its snapshot
   is taken at the moment the request is sent: a dispatch after that instant may be missing from
   it, and the Fleet counts such dispatches against it.
@@ -35,6 +36,22 @@ interval and reports into the Fleet.
   probed with exponential backoff (`retry_delay`) until it answers.
 - llama.cpp's KV figures come from `GET /slots`, fetched after its /metrics within the same
   deadline; a server with slots disabled (404/501) still yields a snapshot, without KV figures.
+- Filtering: vLLM and SGLang render /metrics with prometheus_client, which answers
+  `/metrics?name[]=...` with only the samples named (routing/metrics/query.py): ~3 KB instead of
+  ~50 KB for vLLM, less work for us and much less for the backend. A backend of one of those
+  formats, as configured or, when auto-detected, once a plain /metrics answer has told its
+  format (kept from scrape to scrape), is scraped through the filtered path. A server that
+  ignores the query answers the whole payload, read the same way. A filtered scrape answered
+  with a status other than 200 (a server or proxy rejecting the query) or with a payload that is
+  not the format (a MetricsError: an empty answer from a multiprocess registry, a proxy that
+  dropped the query, a server upgraded to other names) is not a failure by itself: the same
+  scrape asks plain /metrics at once, within its deadline, and that answer (re-detected when the
+  format is not configured) is the scrape's outcome. When plain /metrics succeeds there, the
+  filter was the problem: the backend stays on plain /metrics for that format, until it has been
+  marked unhealthy (a restart may bring another server) or its payload turns out to be of
+  another format. When plain fails too, the backend is failing, not the filter: it stays on the
+  filtered path. Connection failures and timeouts are failures on either path. So the
+  optimisation never costs a backend its state or its health.
 """
 
 from __future__ import annotations
@@ -53,6 +70,7 @@ import aiohttp
 
 from routing.fleet import Fleet
 from routing.metrics import (
+    GroupCache,
     MetricsError,
     Reading,
     parse_slots,
@@ -60,6 +78,7 @@ from routing.metrics import (
     snapshot_of,
     with_slots,
 )
+from routing.metrics.query import METRICS_PATH, filtered_path
 from routing.scrape_client import (
     Done,
     ScrapeClient,
@@ -93,11 +112,19 @@ class _Backend:
     taken_at: float = 0.0
     deadline: float = 0.0  # loop time
     was_healthy: bool = False
+    fetching: str = METRICS_PATH  # the path of the /metrics request in flight
     metrics: BackendSnapshot | None = None  # llama.cpp: parsed, waiting for /slots
+    # Filtering (module docstring): the path of the next /metrics request, the format it asks
+    # for (None: plain /metrics), and the format whose filtered answer failed on this backend.
+    path: str = METRICS_PATH
+    path_family: str | None = None
+    unfiltered: str | None = None
+    suspect: str | None = None  # the format whose filtered answer failed in this scrape
     # The last payload parsed, the series read from it, and the snapshot they gave.
     last_body: bytes = b""
     last_reading: Reading | None = None
     last_snapshot: BackendSnapshot | None = None
+    groups: GroupCache = dataclasses.field(default_factory=GroupCache)  # the last groups parsed
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -139,6 +166,7 @@ class Poller:
         self._on_error = on_error
         self.scrapes_ok = 0
         self.scrapes_failed = 0
+        self.scrapes_filtered = 0  # of scrapes_ok, answered through a `name[]` path
 
     async def run(self) -> None:
         """Polls every backend until cancelled."""
@@ -154,6 +182,8 @@ class Poller:
                     client = SessionClient(own_session, spec.url)
                 stack.push_async_callback(client.close)  # abandons a scrape in flight
                 backend = _Backend(spec, client)
+                if spec.metrics_format is not None:
+                    _route(backend, spec.metrics_format)
                 backend.on_metrics = partial(self._on_metrics, backend)
                 backend.on_slots = partial(self._on_slots, backend)
                 backends.append(backend)
@@ -199,16 +229,24 @@ class Poller:
         backend.was_healthy = self._fleet.is_healthy(backend.spec.id)
         backend.taken_at = self._clock()
         backend.deadline = loop.time() + self._timeout
+        backend.fetching = backend.path
         try:
-            backend.client.fetch("/metrics", self._timeout, backend.on_metrics)
+            backend.client.fetch(backend.path, self._timeout, backend.on_metrics)
         except Exception as exc:  # a bug, not the backend: logged, and the group goes on
             self._end(backend, exc)
 
     def _on_metrics(self, backend: _Backend, result: bytes | ScrapeError) -> None:
         try:
             if isinstance(result, ScrapeError):
+                if result.status is not None and self._unfilter(backend, result):
+                    return
                 raise result
-            snapshot = self._snapshot(backend, result)
+            try:
+                snapshot = self._snapshot(backend, result)
+            except MetricsError as exc:
+                if self._unfilter(backend, exc):
+                    return
+                raise
             if snapshot.format == "llamacpp":
                 remaining = backend.deadline - asyncio.get_running_loop().time()
                 if remaining <= 0:
@@ -220,6 +258,22 @@ class Poller:
             self._end(backend, exc)
         else:
             self._end(backend, snapshot)
+
+    def _unfilter(self, backend: _Backend, why: Exception) -> bool:
+        """After a filtered answer that failed (module docstring): asks plain /metrics within
+        the scrape's deadline and returns True; False when the answer was plain already."""
+        if backend.fetching == METRICS_PATH:
+            return False
+        log.debug("backend %s: /metrics?name[]=... failed (%s: %s); trying plain /metrics",
+                  backend.spec.id, type(why).__name__, why)
+        remaining = backend.deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise ScrapeTimeout("no time left for plain /metrics within the scrape timeout")
+        backend.suspect = backend.path_family
+        backend.taken_at = self._clock()  # the snapshot is of the plain answer
+        backend.fetching = METRICS_PATH
+        backend.client.fetch(METRICS_PATH, remaining, backend.on_metrics)
+        return True
 
     def _on_slots(self, backend: _Backend, result: bytes | ScrapeError) -> None:
         snapshot, backend.metrics = backend.metrics, None
@@ -250,17 +304,30 @@ class Poller:
                 reading,
                 taken_at=backend.taken_at,
                 max_batch_total_tokens=spec.max_batch_total_tokens,
+                cache=backend.groups,
             )
         backend.last_body, backend.last_reading, backend.last_snapshot = body, reading, snapshot
+        if reading.family != backend.path_family:
+            _route(backend, reading.family)
         return snapshot
 
     def _end(self, backend: _Backend, outcome: BackendSnapshot | Exception) -> None:
         """Reports the scrape, then sets the backend's next grid point."""
         spec = backend.spec
         try:
+            suspect, backend.suspect = backend.suspect, None
+            if suspect is not None and isinstance(outcome, BackendSnapshot):
+                # Plain /metrics answered where the filtered path did not: the filter is at fault.
+                log.info("backend %s (%s) does not answer /metrics?name[]=... for %s metrics: "
+                         "scraping plain /metrics", spec.id, spec.url, suspect)
+                backend.unfiltered = suspect
+                if backend.path_family == suspect:
+                    backend.path, backend.path_family = METRICS_PATH, None
             if isinstance(outcome, BackendSnapshot):
                 self._fleet.record_scrape(spec.id, outcome)
                 self.scrapes_ok += 1
+                if backend.fetching != METRICS_PATH:
+                    self.scrapes_filtered += 1
                 if not backend.was_healthy:
                     log.info("backend %s (%s) answers its metrics: healthy", spec.id, spec.url)
             else:
@@ -289,8 +356,24 @@ class Poller:
         why = f"{type(exc).__name__}: {exc}"
         if backend.was_healthy and not self._fleet.is_healthy(spec.id):
             log.warning("backend %s (%s) marked unhealthy: %s", spec.id, spec.url, why)
+            # When it answers again, it may be another server: filtering gets another try.
+            backend.unfiltered = None
+            family = spec.metrics_format or (
+                backend.last_reading.family if backend.last_reading is not None else None)
+            if family is not None:
+                _route(backend, family)
         else:
             log.debug("backend %s: scrape failed: %s", spec.id, why)
+
+
+def _route(backend: _Backend, family: str) -> None:
+    """Points the backend's next /metrics request at the filtered path for `family` when its
+    servers filter and that path has not failed on this backend, else at plain /metrics."""
+    path = filtered_path(family) if family != backend.unfiltered else None
+    if path is None:
+        backend.path, backend.path_family = METRICS_PATH, None
+    else:
+        backend.path, backend.path_family = path, family
 
 
 def retry_delay(interval: float, failures: int, threshold: int, backoff_max: float) -> float:

@@ -9,6 +9,13 @@ Three formats, chosen with `kvgate sim --metrics-format`:
 - "sglang": SGLang in multiprocess mode: token-granular (`sglang:token_usage` over
   `sglang:max_total_num_tokens`, pages of `sglang:page_size` tokens), histograms written sum first.
 
+Filtering, as prometheus_client answers `/metrics?name[]=a&name[]=b` (`names`): only the samples
+whose names are asked for (sample names: `x_total`, `x_bucket`, `x_created`, not the family `x`),
+each family's HELP and TYPE lines kept when it has a matching sample; a counter or histogram
+whose only match is its `_created` sample keeps its (empty) header before the `_created` gauge.
+The vLLM formats serve the default registry, which filters. SGLang's multiprocess registry
+cannot: its collector declares no names, so any `name[]` gets an empty payload, as from SGLang.
+
 Names, types, HELP lines, label sets and bucket bounds are copied from the real servers' output
 (see /work/shared/fixtures), and numbers are formatted as prometheus_client formats them, so a
 parser tested on those fixtures reads the simulator's output the same way. Rendering is pure: the
@@ -19,7 +26,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
@@ -110,7 +117,10 @@ class MetricsFormat(Protocol):
     def new_recorder(self) -> LatencyRecorder: ...
 
     def render(self, stats: EngineStats, latency: LatencyRecorder, info: ServerInfo,
-               process: ProcessSample) -> str: ...
+               process: ProcessSample, names: Collection[str] | None = None) -> str:
+        """The payload; `names`: only those samples, as prometheus_client filters (module
+        docstring); None: everything."""
+        ...
 
 
 def format_value(value: float) -> str:
@@ -141,60 +151,83 @@ def _labels(labels: Mapping[str, str]) -> str:
 
 class _Text:
     """Accumulates exposition lines. `created` (unix seconds), when set, adds the `_created`
-    gauge family prometheus_client writes after every counter and histogram."""
+    gauge family prometheus_client writes after every counter and histogram. `names`, when set,
+    keeps only those samples, as prometheus_client's `name[]` filter does."""
 
-    def __init__(self, created: float | None) -> None:
+    def __init__(self, created: float | None, names: Collection[str] | None = None) -> None:
         self.lines: list[str] = []
         self.created = created
+        self.names = None if names is None else frozenset(names)
+
+    def _wanted(self, *samples: str) -> list[bool]:
+        return [self.names is None or name in self.names for name in samples]
 
     def family(self, name: str, kind: str, help_text: str) -> None:
         self.lines.append(f"# HELP {name} {help_text}")
         self.lines.append(f"# TYPE {name} {kind}")
 
     def gauge(self, name: str, help_text: str, labels: Mapping[str, str], value: float) -> None:
+        if not any(self._wanted(name)):
+            return
         self.family(name, "gauge", help_text)
         self.lines.append(f"{name}{_labels(labels)} {format_value(value)}")
 
     def counter(self, name: str, help_text: str, series: list[tuple[Mapping[str, str], float]]
                 ) -> None:
         """`name` ends in `_total`; one sample per label set in `series`."""
+        created_name = name.removesuffix("_total") + "_created"
+        total, created = self._wanted(name, created_name)
+        created = created and self.created is not None
+        if not (total or created):
+            return
         self.family(name, "counter", help_text)
-        for labels, value in series:
-            self.lines.append(f"{name}{_labels(labels)} {format_value(value)}")
-        if self.created is not None:
-            created_name = name.removesuffix("_total") + "_created"
+        if total:
+            for labels, value in series:
+                self.lines.append(f"{name}{_labels(labels)} {format_value(value)}")
+        if created:
             self.family(created_name, "gauge", help_text)
             for labels, _ in series:
                 self.lines.append(f"{created_name}{_labels(labels)} "
-                                  f"{format_value(self.created)}")
+                                  f"{format_value(self.created or 0.0)}")
 
     def histogram(self, name: str, help_text: str, labels: Mapping[str, str], hist: Histogram,
                   *, sum_first: bool = False) -> None:
+        buckets, count, total, created = self._wanted(
+            f"{name}_bucket", f"{name}_count", f"{name}_sum", f"{name}_created")
+        created = created and self.created is not None
+        if not (buckets or count or total or created):
+            return
         self.family(name, "histogram", help_text)
         lab = _labels(labels)
         sum_line = f"{name}_sum{lab} {format_value(hist.total)}"
-        if sum_first:
+        if sum_first and total:
             self.lines.append(sum_line)
-        bounds = [format_value(b) for b in hist.bounds] + ["+Inf"]
-        for le, cum in zip(bounds, hist.cumulative(), strict=True):
-            self.lines.append(f"{name}_bucket{_labels({**labels, 'le': le})} {format_value(cum)}")
-        self.lines.append(f"{name}_count{lab} {format_value(hist.count)}")
-        if not sum_first:
+        if buckets:
+            bounds = [format_value(b) for b in hist.bounds] + ["+Inf"]
+            for le, cum in zip(bounds, hist.cumulative(), strict=True):
+                self.lines.append(
+                    f"{name}_bucket{_labels({**labels, 'le': le})} {format_value(cum)}")
+        if count:
+            self.lines.append(f"{name}_count{lab} {format_value(hist.count)}")
+        if not sum_first and total:
             self.lines.append(sum_line)
-        if self.created is not None:
+        if created:
             self.family(f"{name}_created", "gauge", help_text)
-            self.lines.append(f"{name}_created{lab} {format_value(self.created)}")
+            self.lines.append(f"{name}_created{lab} {format_value(self.created or 0.0)}")
 
     def process(self, process: ProcessSample) -> None:
-        self.family("process_start_time_seconds", "gauge",
-                    "Start time of the process since unix epoch in seconds.")
-        self.lines.append(f"process_start_time_seconds {format_value(process.start_time)}")
-        self.family("process_cpu_seconds_total", "counter",
-                    "Total user and system CPU time spent in seconds.")
-        self.lines.append(f"process_cpu_seconds_total {format_value(process.cpu_seconds)}")
+        self.gauge("process_start_time_seconds",
+                   "Start time of the process since unix epoch in seconds.", {},
+                   process.start_time)
+        # The process collector's counter has no `_created` sample.
+        if any(self._wanted("process_cpu_seconds_total")):
+            self.family("process_cpu_seconds_total", "counter",
+                        "Total user and system CPU time spent in seconds.")
+            self.lines.append(f"process_cpu_seconds_total {format_value(process.cpu_seconds)}")
 
     def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
+        # prometheus_client writes nothing at all when no family matches.
+        return "\n".join(self.lines) + "\n" if self.lines else ""
 
 
 def _hit_rate(stats: EngineStats) -> float:
@@ -210,8 +243,8 @@ class VllmV1Format:
         return LatencyRecorder(VLLM_V1_TTFT, VLLM_V1_ITL, VLLM_V1_E2E)
 
     def render(self, stats: EngineStats, latency: LatencyRecorder, info: ServerInfo,
-               process: ProcessSample) -> str:
-        t = _Text(created=process.start_time)
+               process: ProcessSample, names: Collection[str] | None = None) -> str:
+        t = _Text(created=process.start_time, names=names)
         t.process(process)
         lab = {"engine": "0", "model_name": info.model_name}
         t.gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
@@ -265,8 +298,8 @@ class VllmV0Format:
         return LatencyRecorder(VLLM_V0_TTFT, VLLM_V0_TPOT, VLLM_V0_E2E)
 
     def render(self, stats: EngineStats, latency: LatencyRecorder, info: ServerInfo,
-               process: ProcessSample) -> str:
-        t = _Text(created=None)
+               process: ProcessSample, names: Collection[str] | None = None) -> str:
+        t = _Text(created=None, names=names)
         t.process(process)
         lab = {"model_name": info.model_name}
         total = stats.num_gpu_blocks
@@ -321,7 +354,9 @@ class SglangFormat:
         return LatencyRecorder(SGLANG_TTFT, VLLM_V1_ITL, SGLANG_E2E)
 
     def render(self, stats: EngineStats, latency: LatencyRecorder, info: ServerInfo,
-               process: ProcessSample) -> str:
+               process: ProcessSample, names: Collection[str] | None = None) -> str:
+        if names is not None:
+            return ""  # a multiprocess registry cannot filter (module docstring)
         t = _Text(created=None)
         # Scheduler-side series carry the parallelism labels; tokenizer-side only model_name.
         sched = {"engine_type": "unified", "model_name": info.model_name, "moe_ep_rank": "0",

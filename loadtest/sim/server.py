@@ -6,7 +6,7 @@ an aiohttp app; the driver task lives in the app's cleanup context. Run the app 
 cancels its handler, which aborts the request in the engine at once and frees its blocks.
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming or not), GET /v1/models,
-GET /health, GET /metrics.
+GET /health, GET /metrics (with prometheus_client's `name[]` filter, loadtest/sim/exposition.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import parse_qs
 
 from aiohttp import web
 
@@ -256,7 +257,10 @@ async def _health(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     state = request.app[SIM_STATE]
+    # `?name[]=a&name[]=b`: only those samples, read from the query as prometheus_client reads
+    # it (parse_qs: blank values dropped, so `name[]=` alone asks for everything).
+    names = parse_qs(request.query_string).get("name[]")
     text = state.metrics.render(state.engine.stats(), state.driver.recorder, state.info,
-                                ProcessSample(time.process_time(), state.started_at))
+                                ProcessSample(time.process_time(), state.started_at), names)
     return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 

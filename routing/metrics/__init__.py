@@ -24,10 +24,11 @@ from typing import NamedTuple
 from routing.metrics import llamacpp, sglang, tgi, trtllm, vllm
 from routing.metrics.detect import detect_family
 from routing.metrics.llamacpp import Slots, parse_slots, with_slots
-from routing.metrics.prom import Groups, MetricsError, parse_groups
+from routing.metrics.prom import GroupCache, Groups, MetricsError, parse_groups
 from routing.state import METRICS_FORMATS, BackendSnapshot
 
 __all__ = [
+    "GroupCache",
     "MetricsError",
     "Reading",
     "Slots",
@@ -89,11 +90,16 @@ def read_metrics(payload: bytes | str, *, format: str | None = None) -> Reading:
 
 
 def snapshot_of(
-    reading: Reading, *, taken_at: float, max_batch_total_tokens: int | None = None
+    reading: Reading,
+    *,
+    taken_at: float,
+    max_batch_total_tokens: int | None = None,
+    cache: GroupCache | None = None,
 ) -> BackendSnapshot:
     """The snapshot of a reading (see `parse_metrics`). Raises MetricsError when the series the
-    format needs are missing."""
-    samples = parse_groups(reading.groups)
+    format needs are missing. `cache`: the groups parsed from the same server's last reading
+    (routing/metrics/prom.py), so that only the groups that changed are parsed again."""
+    samples = parse_groups(reading.groups, cache)
     family = reading.family
     if family in ("vllm", "vllm-v0"):
         return vllm.build(samples, taken_at=taken_at, variant=reading.format)

@@ -47,6 +47,9 @@ RETRACTIONS = "sglang:num_retracted_requests_total"
 NAMES = (RUNNING, WAITING, HIT_RATE, TOKEN_USAGE, RETRACTIONS)
 TAIL = (MAX_TOKENS, PAGE_SIZE, NUM_PAGES)
 _RENAMED = ((PAGE_SIZE, CACHE_CONFIG), (NUM_PAGES, CACHE_CONFIG))  # gauges, older: info labels
+# Every sample name `read` may read, current and older: what the poller asks a server for when
+# it filters (`/metrics?name[]=...`, routing/metrics/query.py).
+SAMPLE_NAMES = tuple(dict.fromkeys((*NAMES, *TAIL, *(old for _, old in _RENAMED))))
 
 
 def read(payload: bytes) -> Groups:

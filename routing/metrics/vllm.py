@@ -59,6 +59,9 @@ _RENAMED = (
     (PREFIX_HITS[0], PREFIX_HITS[1]),
     (PREFIX_QUERIES[0], PREFIX_HIT_RATE_V0),
 )
+# Every sample name `read` may read, current and older: what the poller asks a server for when
+# it filters (`/metrics?name[]=...`, routing/metrics/query.py).
+SAMPLE_NAMES = tuple(dict.fromkeys((*NAMES, *TAIL, *(old for _, old in _RENAMED))))
 _SIM_CACHE_LABELS = frozenset({"block_size", "num_gpu_blocks"})
 
 
