@@ -1,6 +1,9 @@
 """Small helpers shared by the tests."""
 
+import asyncio
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 # Real-format payloads of vLLM, SGLang, TGI and llama.cpp (see fixtures/README.md); a copy of the
@@ -14,3 +17,12 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
+
+
+async def eventually(predicate: Callable[[], bool], what: str, deadline_s: float = 15.0) -> None:
+    """Polls `predicate` until it holds; fails the test after `deadline_s`."""
+    deadline = time.monotonic() + deadline_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for: {what}")
+        await asyncio.sleep(0.005)

@@ -19,20 +19,13 @@ from routing.fleet import Fleet
 from routing.metrics import Reading, snapshot_of
 from routing.poller import Poller, restamped, retry_delay
 from routing.state import BackendSnapshot, BackendSpec
-from tests.paths import FIXTURES, free_port
+from tests.paths import FIXTURES, eventually, free_port
 
 VLLM_V1 = (FIXTURES / "vllm-v1.prom").read_bytes()
 DEADLINE_S = 15.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-async def eventually(predicate: Callable[[], bool], what: str) -> None:
-    """Polls `predicate` until it holds, failing after DEADLINE_S."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.005)
 
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -29,7 +28,7 @@ from routing.metrics import parse_metrics, read_metrics
 from routing.metrics.query import SAMPLE_NAMES, filtered_path
 from routing.poller import Poller
 from routing.state import BackendSnapshot, BackendSpec
-from tests.paths import FIXTURES
+from tests.paths import FIXTURES, eventually
 
 VLLM_V1_TEXT = (FIXTURES / "vllm-v1.prom").read_text()
 VLLM_V1 = VLLM_V1_TEXT.encode()
@@ -37,12 +36,6 @@ DEADLINE_S = 15.0
 Handler = Callable[[web.Request], Any]
 
 
-async def eventually(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.005)
 
 
 def expected(payload: bytes, fmt: str | None = None) -> BackendSnapshot:
