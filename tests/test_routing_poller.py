@@ -22,7 +22,6 @@ from routing.state import BackendSnapshot, BackendSpec
 from tests.paths import FIXTURES, eventually, free_port
 
 VLLM_V1 = (FIXTURES / "vllm-v1.prom").read_bytes()
-DEADLINE_S = 15.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 

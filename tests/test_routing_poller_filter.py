@@ -32,7 +32,6 @@ from tests.paths import FIXTURES, eventually
 
 VLLM_V1_TEXT = (FIXTURES / "vllm-v1.prom").read_text()
 VLLM_V1 = VLLM_V1_TEXT.encode()
-DEADLINE_S = 15.0
 Handler = Callable[[web.Request], Any]
 
 
