@@ -106,11 +106,17 @@ class Segment:
 
     def token_ids(self) -> tuple[int, ...]:
         n = self.tokens - _tag_tokens(self.tag)
-        return tuple(tokenize(self.tag)) + _filler()[1][self.offset:self.offset + n]
+        return _tag_ids(self.tag) + _filler()[1][self.offset:self.offset + n]
 
 
 def _tag_tokens(tag: str) -> int:
     return tag.count(" ")
+
+
+@functools.lru_cache(maxsize=8192)
+def _tag_ids(tag: str) -> tuple[int, ...]:
+    """`tokenize(tag)`, memoised: shared tags and conversation histories repeat them."""
+    return tuple(tokenize(tag))
 
 
 def segment(role: str, tag: str, offset: int, tokens: int) -> Segment:
@@ -140,10 +146,13 @@ class WorkItem:
 
     def prompt_ids(self) -> tuple[int, ...]:
         """The token ids the simulator's chat template (`loadtest.sim.api.render_chat`) gives."""
+        filler = _filler()[1]
         ids: list[int] = []
         for s in self.segments:
+            tag = s.tag
             ids += _TEMPLATE_IDS[s.role]
-            ids += s.token_ids()
+            ids += _tag_ids(tag)
+            ids += filler[s.offset:s.offset + s.tokens - _tag_tokens(tag)]
             ids += _NEWLINE_IDS
         ids += _REPLY_OPEN_IDS
         return tuple(ids)
@@ -351,7 +360,8 @@ class SessionSource:
         session = self.sessions
         self.sessions += 1
         items = fn(_Ctx(rng, self._tags, self.spec.limits))
-        return [replace(item, session=session) for item in items]
+        return [WorkItem(i.arrival_s, i.kind, i.segments, i.output_tokens, i.max_tokens,
+                         i.prefix_group, i.conversation, session) for i in items]
 
 
 @functools.lru_cache(maxsize=32)
@@ -405,7 +415,9 @@ def schedule(spec: Workload, *, rate: float, duration_s: float, seed: int,
         for item in source.next_session():
             at = start + item.arrival_s
             if 0.0 <= at < duration_s:
-                items.append(replace(item, arrival_s=at))
+                items.append(WorkItem(at, item.kind, item.segments, item.output_tokens,
+                                      item.max_tokens, item.prefix_group, item.conversation,
+                                      item.session))
         start += next(gaps)
     items.sort(key=lambda item: item.arrival_s)  # stable: ties keep generation order
     return tuple(items)

@@ -72,10 +72,21 @@ def prefix_chain(
     salt = b"" if cache_salt is None else b"\x01" + cache_salt.encode()
     running = sha256(b"kvgate-prefix\x00" + model.encode() + b"\x00" + salt + b"\x00")
     root = _int64(running.copy().digest())
+    end = min(len(text) // block_chars, max_blocks) * block_chars
+    if not end:
+        return PrefixChain(root, (), block_chars)
     blocks: list[int] = []
-    for start in range(0, min(len(text) // block_chars, max_blocks) * block_chars, block_chars):
-        running.update(text[start : start + block_chars].encode())
-        blocks.append(_int64(running.copy().digest()))
+    append, update, copy, from_bytes = blocks.append, running.update, running.copy, int.from_bytes
+    head = text[:end]
+    if head.isascii():  # one byte per character: encode once, hash byte slices
+        data = memoryview(head.encode())
+        for start in range(0, end, block_chars):
+            update(data[start : start + block_chars])
+            append(from_bytes(copy().digest()[:8], "big"))
+    else:
+        for start in range(0, end, block_chars):
+            update(head[start : start + block_chars].encode())
+            append(from_bytes(copy().digest()[:8], "big"))
     return PrefixChain(root, tuple(blocks), block_chars)
 
 
@@ -103,17 +114,28 @@ class PrefixIndex:
     def record(self, backend_id: str, chain: PrefixChain) -> None:
         lru = self._lru.setdefault(backend_id, OrderedDict())
         holders = self._holders
+        move, owners_of = lru.move_to_end, holders.get
         # Deepest block first, so the leading blocks are the most recent and evicted last: losing
         # the tail of a prefix costs a little, losing its head costs every block after it.
         for h in reversed(chain.blocks):
             if h in lru:
-                lru.move_to_end(h)
+                move(h)
             else:
                 lru[h] = None
-                holders.setdefault(h, set()).add(backend_id)
-        while len(lru) > self._cap:
-            old, _ = lru.popitem(last=False)
-            self._drop_holder(old, backend_id)
+                owners = owners_of(h)
+                if owners is None:
+                    holders[h] = {backend_id}
+                else:
+                    owners.add(backend_id)
+        if len(lru) > self._cap:
+            evict = lru.popitem
+            for _ in range(len(lru) - self._cap):
+                old = evict(False)[0]
+                owners = owners_of(old)
+                if owners is not None:
+                    owners.discard(backend_id)
+                    if not owners:
+                        del holders[old]
 
     def _drop_holder(self, h: int, backend_id: str) -> None:
         owners = self._holders.get(h)
@@ -142,17 +164,22 @@ class PrefixIndex:
     def matches(self, chain: PrefixChain) -> dict[str, int]:
         """Leading blocks of `chain` each backend likely holds; backends with none are absent."""
         result: dict[str, int] = {}
-        alive: set[str] | None = None  # backends holding every block so far
-        for depth, h in enumerate(chain.blocks):
-            owners = self._holders.get(h, _NOBODY)
-            still = set(owners) if alive is None else alive & owners
-            for gone in (alive or _NOBODY) - still:
+        blocks = chain.blocks
+        owners_of = self._holders.get
+        if not blocks or not (first := owners_of(blocks[0])):
+            return result
+        alive = set(first)  # backends holding every block so far
+        for depth in range(1, len(blocks)):
+            owners = owners_of(blocks[depth], _NOBODY)
+            if alive <= owners:
+                continue
+            for gone in alive - owners:
                 result[gone] = depth
-            if not still:
+            alive &= owners
+            if not alive:
                 return result
-            alive = still
-        for backend_id in alive or _NOBODY:
-            result[backend_id] = len(chain.blocks)
+        for backend_id in alive:
+            result[backend_id] = len(blocks)
         return result
 
 

@@ -5,8 +5,10 @@ Events, processed in time order (ties in the order they were scheduled):
   gateway's own cost model, prefix index, ledger, admission queue and router) dispatches, queues
   or rejects it; a dispatched request is added to its backend's engine at once;
 - step end: an engine's step, computed when it started (`Engine.step`), ends `duration` later and
-  delivers its tokens; finished requests are reported to their replica (`Dispatcher.finish`
-  releases the lease and feeds back usage, TTFT and TPOT), which may then dispatch queued ones;
+  delivers its tokens (each request's first and last only: engines run with
+  `every_token=False`, as nothing here reads the others); finished requests are reported to
+  their replica (`Dispatcher.finish` releases the lease and feeds back usage, TTFT and TPOT),
+  which may then dispatch queued ones;
   the engine starts its next step at once while it has work;
 - scrape: replica r reads backend b's state into its Fleet (`snapshot`), every scrape interval,
   backend b offset by b/n of an interval (as the poller staggers them) and each replica at its own
@@ -151,7 +153,7 @@ class _Run:
         self.model = fleet.model
         self.heap: list[tuple[float, int, int, int]] = []
         self.order = 0
-        self.backends = [_Backend(i, bid, Engine(p), p.name)
+        self.backends = [_Backend(i, bid, Engine(p, every_token=False), p.name)
                          for i, (bid, p) in enumerate(zip(fleet.ids, fleet.presets, strict=True))]
         self.by_id = {b.id: b for b in self.backends}
         specs = [BackendSpec(id=b.id, url=f"sim://{b.id}", models=(self.model,))

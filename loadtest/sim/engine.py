@@ -20,16 +20,21 @@ One `step()` is one scheduler iteration, after vLLM V1's `Scheduler.schedule`:
 
 Prefix-cache counters (`prefix_queries_tokens`, `prefix_hits_tokens`) count each request once, at
 its first admission, as vLLM's main prefix-cache metrics do; recomputations after a preemption are
-not counted. Generated tokens get synthetic ids (a pure function of the prompt and the position),
-so blocks that fill during decode are hashed too and a recomputation can hit them.
+not counted. Generated tokens are synthetic (a pure function of the prompt and the position), so
+blocks that fill during decode are hashed too and a recomputation can hit them.
+
+Decoding sequences advance in bulk (see `Engine`): a step costs time in proportion to the
+sequences that prefill, cross a block boundary, finish or are preempted in it, not to the batch.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import islice
+from operator import attrgetter
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -85,11 +90,15 @@ class EngineStats:
 
 
 class _Seq:
-    """The engine's mutable state of one request."""
+    """The engine's mutable state of one request.
+
+    While `decoding` (see `Engine`), `num_computed`, `num_tokens` and `num_output` hold their
+    values as of step `tick0`; each step since has added one to all three."""
 
     __slots__ = ("request_id", "prompt", "prompt_len", "target", "final_reason", "num_output",
                  "num_tokens", "num_computed", "num_scheduled", "blocks", "hashes",
-                 "num_registered", "num_cached_tokens", "root", "output_seed", "admitted", "done")
+                 "num_registered", "num_cached_tokens", "root", "admitted", "done",
+                 "order", "decoding", "tick0", "phase", "finish_tick")
 
     def __init__(self, request: SimRequest) -> None:
         self.request_id = request.request_id
@@ -108,35 +117,71 @@ class _Seq:
         self.num_registered = 0  # leading blocks registered in the prefix cache
         self.num_cached_tokens = 0
         self.root = hash((zlib.crc32(request.extra_key.encode()), 0x6B76))
-        self.output_seed: int | None = None
         self.admitted = False  # admitted at least once (prefix counters count only the first)
         self.done = False
+        self.order = 0  # admission number: running order is ascending order
+        self.decoding = False  # advanced in bulk (Engine docstring)
+        self.tick0 = 0  # while decoding: the step its counters are as of
+        self.phase = 0  # while decoding: (num_computed - tick0) mod block size
+        self.finish_tick = 0  # while decoding: the step that samples its last token
 
     def extend_hashes(self, num_blocks: int, block_size: int) -> None:
         """Make `hashes` cover the first `num_blocks` full blocks of the known tokens.
 
-        Output tokens get synthetic ids, a pure function of the prompt and their position, so the
-        same request recomputed after a preemption hashes to the same blocks.
+        Output tokens are synthetic, a pure function of the root, the prompt and their position.
+        So a block holding some is hashed, once rather than token by token, from its parent (which
+        identifies the root and every prompt token before the block), the prompt tokens in it and
+        the position of its first output token: the same request recomputed after a preemption
+        hashes to the same blocks, and two requests share such a block exactly when all its tokens
+        and all before it agree, as with token-by-token ids.
         """
-        have = len(self.hashes)
+        hashes = self.hashes
+        have = len(hashes)
         if have >= num_blocks:
             return
         start, end, prompt_len = have * block_size, num_blocks * block_size, self.prompt_len
-        window: tuple[int, ...] | list[int] = self.prompt[start:end]
-        if end > prompt_len:
-            if self.output_seed is None:
-                self.output_seed = hash((self.root, self.prompt))
-            seed = self.output_seed
-            window = list(window)
-            window.extend(hash((seed, i)) & 0x7FFFFFFF
-                          for i in range(max(start, prompt_len) - prompt_len, end - prompt_len))
-        parent = self.hashes[-1] if have else self.root
-        self.hashes.extend(chain_hashes(parent, window, block_size))
+        parent = hashes[-1] if have else self.root
+        prompt_end = min(end, prompt_len - prompt_len % block_size)  # full prompt blocks
+        if start < prompt_end:
+            hashes.extend(chain_hashes(parent, self.prompt[start:prompt_end], block_size))
+            parent, start = hashes[-1], prompt_end
+        if start >= end:
+            return
+        prompt = self.prompt
+        for at in range(start, end, block_size):
+            if at < prompt_len:  # the prompt ends inside this block (a tuple of under a block)
+                parent = hash((parent, prompt[at:prompt_len]))
+            else:  # output only: the position of its first token (an int, never a tuple)
+                parent = hash((parent, at - prompt_len))
+            hashes.append(parent)
+
+
+_by_order = attrgetter("order")
+
+
+def _in_order(seqs: Mapping[_Seq, None]) -> Iterable[_Seq]:
+    return sorted(seqs, key=_by_order) if len(seqs) > 1 else list(seqs)
 
 
 class Engine:
+    """The scheduler of the module docstring.
+
+    Bulk decoding: a running sequence whose computed tokens are all its known tokens but the last
+    (its latest output) needs exactly one token per step; such a *decoding* sequence is not visited
+    at every step. It always runs before every sequence still prefilling (those are the newest: a
+    prefill that does not fit the step's budget ends admission), so while the decoding sequences
+    fit in the token budget, every step schedules each of them once. Their counters advance
+    implicitly (`_Seq.tick0`), and a step touches only those that cross a block boundary (a new
+    block before the step, registering the filled one after it; bucketed by phase), finish, or
+    are preempted. When that ordering or the budget does not hold, every sequence is
+    materialised and the step runs one sequence at a time; the outcome is the same either way.
+
+    `every_token=False` makes `StepResult.events` carry only each request's first and last
+    tokens (the fleet simulation needs no others), so steps cost nothing per decoding sequence.
+    """
+
     def __init__(self, preset: Preset, *, num_gpu_blocks: int | None = None,
-                 enable_prefix_caching: bool = True) -> None:
+                 enable_prefix_caching: bool = True, every_token: bool = True) -> None:
         self.preset = preset
         self.derived: Derived = derive(preset)
         self.num_gpu_blocks = num_gpu_blocks if num_gpu_blocks is not None else (
@@ -144,9 +189,16 @@ class Engine:
         self.block_size = preset.block_size
         self._pool = BlockPool(self.num_gpu_blocks, enable_caching=enable_prefix_caching)
         self._caching = enable_prefix_caching
-        self._running: list[_Seq] = []
+        self._every_token = every_token
+        self._running: dict[_Seq, None] = {}  # in running (admission) order
+        self._plain: list[_Seq] = []  # the running sequences not decoding, in running order
         self._waiting: deque[_Seq] = deque()
         self._requests: dict[str, _Seq] = {}
+        self._order = 0
+        self._tick = 0  # steps that scheduled anything
+        self._by_phase: list[dict[_Seq, None]] = [{} for _ in range(self.block_size)]
+        self._finish_at: dict[int, dict[_Seq, None]] = {}  # decoding sequences by finish_tick
+        self._ctx_base = 0  # sum over decoding sequences of num_tokens - tick0
         self._preemptions = 0
         self._prefix_queries = 0
         self._prefix_hits = 0
@@ -180,8 +232,12 @@ class Engine:
         seq = self._requests.pop(request_id, None)
         if seq is None:
             return False
-        if seq.blocks:  # running: a running sequence always holds blocks, a waiting one never
-            self._running.remove(seq)
+        if seq in self._running:
+            if seq.decoding:
+                self._undecode(seq)
+            else:
+                self._plain.remove(seq)
+            del self._running[seq]
             self._release(seq)
         else:
             self._waiting.remove(seq)
@@ -198,16 +254,85 @@ class Engine:
         seq.num_computed = 0
         seq.num_registered = 0
 
+    # Bulk decoding's bookkeeping.
+
+    def _decode(self, seq: _Seq) -> None:
+        """`seq` sampled a token in the step just taken and runs on: it decodes from now on."""
+        tick = self._tick
+        seq.decoding = True
+        seq.tick0 = tick
+        seq.phase = (seq.num_computed - tick) % self.block_size
+        self._by_phase[seq.phase][seq] = None
+        seq.finish_tick = tick + seq.target - 1 - seq.num_output
+        self._finish_at.setdefault(seq.finish_tick, {})[seq] = None
+        self._ctx_base += seq.num_tokens - tick
+
+    def _drop_decoding(self, seq: _Seq) -> None:
+        seq.decoding = False
+        self._ctx_base -= seq.num_tokens - seq.tick0
+        del self._by_phase[seq.phase][seq]
+        finishing = self._finish_at[seq.finish_tick]
+        del finishing[seq]
+        if not finishing:
+            del self._finish_at[seq.finish_tick]
+
+    def _undecode(self, seq: _Seq) -> None:
+        """Materialise a decoding sequence's counters (as of the current step's start)."""
+        self._drop_decoding(seq)
+        delta = self._tick - seq.tick0
+        seq.num_computed += delta
+        seq.num_tokens += delta
+        seq.num_output += delta
+
+    def _decoders_run_first(self) -> bool:
+        """Every sequence still prefilling is newer than every decoding one."""
+        return not any(s.decoding for s in islice(reversed(self._running), len(self._plain)))
+
+    def _preempt_newest(self, preempted: list[str]) -> _Seq:
+        victim = self._running.popitem()[0]
+        if victim.decoding:
+            self._undecode(victim)
+        else:
+            self._plain.pop()  # the newest running sequence is the newest plain one
+        self._release(victim)
+        self._waiting.appendleft(victim)
+        self._preemptions += 1
+        preempted.append(victim.request_id)
+        return victim
+
+    # The step.
+
     def step(self) -> StepResult:
         pool, bs = self._pool, self.block_size
         budget = self.preset.max_num_batched_tokens
         running = self._running
-        scheduled: list[_Seq] = []
         preempted: list[str] = []
+        decoders = len(running) - len(self._plain)
+        if decoders and (decoders > budget or self._plain and not self._decoders_run_first()):
+            for seq in running:
+                if seq.decoding:
+                    self._undecode(seq)
+            self._plain = list(running)
+            decoders = 0
+        if decoders:
+            # Decoding sequences at a block boundary need a block, in running order.
+            for seq in _in_order(self._by_phase[-self._tick % bs]):
+                if not seq.decoding:
+                    continue  # preempted in this loop
+                victim = None
+                while pool.num_free < 1 and victim is not seq:
+                    victim = self._preempt_newest(preempted)
+                if victim is seq:
+                    break  # it preempted itself, and it was the last running sequence
+                seq.blocks.append(pool.allocate_one())
+            decoders = len(running) - len(self._plain)
+            budget -= decoders
 
+        plain = self._plain
+        scheduled: list[_Seq] = []
         i = 0
-        while i < len(running) and budget > 0:
-            seq = running[i]
+        while i < len(plain) and budget > 0:
+            seq = plain[i]
             computed = seq.num_computed
             n = seq.num_tokens - computed
             if n > budget:
@@ -216,11 +341,7 @@ class Engine:
                 need = (computed + n + bs - 1) // bs - len(seq.blocks)
                 victim = None
                 while need > pool.num_free and victim is not seq:
-                    victim = running.pop()  # the newest: running[i:] are not scheduled yet
-                    self._release(victim)
-                    self._waiting.appendleft(victim)
-                    self._preemptions += 1
-                    preempted.append(victim.request_id)
+                    victim = self._preempt_newest(preempted)  # plain[i:] are not scheduled yet
                 if victim is seq:
                     break  # it preempted itself, and it was the last running sequence
                 if need == 1:
@@ -234,7 +355,7 @@ class Engine:
 
         if not preempted:
             self._admit_waiting(scheduled, budget)
-        return self._finish_step(scheduled, tuple(preempted))
+        return self._finish_step(decoders, scheduled, tuple(preempted))
 
     def _admit_waiting(self, scheduled: list[_Seq], budget: int) -> None:
         pool, bs, waiting, running = self._pool, self.block_size, self._waiting, self._running
@@ -263,18 +384,52 @@ class Engine:
                 if self._caching:
                     self._prefix_queries += num_tokens
                     self._prefix_hits += num_cached
-            running.append(seq)
+            self._order += 1
+            seq.order = self._order
+            running[seq] = None
+            self._plain.append(seq)
             seq.num_scheduled = n
             scheduled.append(seq)
             budget -= n
 
-    def _finish_step(self, scheduled: list[_Seq], preempted: tuple[str, ...]) -> StepResult:
-        if not scheduled:
+    def _finish_step(self, decoders: int, scheduled: list[_Seq], preempted: tuple[str, ...]
+                     ) -> StepResult:
+        if not scheduled and not decoders:
             return StepResult(0.0, (), 0, 0, preempted)
-        pool, bs, caching = self._pool, self.block_size, self._caching
-        prefill_tokens = prefill_pairs = decode_seqs = decode_ctx = 0
+        pool, bs, caching, tick = self._pool, self.block_size, self._caching, self._tick
+        every_token = self._every_token
         events: list[TokenEvent] = []
-        any_done = False
+        decode_seqs, decode_ctx = decoders, self._ctx_base + decoders * tick
+        if decoders:
+            if every_token:
+                for seq in self._running:  # the decoding sequences come first
+                    if not seq.decoding:
+                        break
+                    index = seq.num_output + tick - seq.tick0
+                    events.append(TokenEvent(
+                        seq.request_id, index, seq.final_reason if index + 1 == seq.target
+                        else None, seq.num_cached_tokens))
+            if caching:  # blocks this step fills, in running order (the first hash wins)
+                for seq in _in_order(self._by_phase[(-tick - 1) % bs]):
+                    full = (seq.num_computed + tick - seq.tick0 + 1) // bs
+                    seq.extend_hashes(full, bs)
+                    pool.register_range(seq.blocks, seq.hashes, seq.num_registered, full)
+                    seq.num_registered = full
+            finishing = self._finish_at.get(tick)
+            if finishing:
+                for seq in _in_order(finishing):
+                    self._undecode(seq)  # as of this step's start; then this step's token
+                    seq.num_computed += 1
+                    seq.num_tokens += 1
+                    seq.num_output += 1
+                    self._end(seq)
+                    if not every_token:
+                        events.append(TokenEvent(seq.request_id, seq.target - 1,
+                                                 seq.final_reason, seq.num_cached_tokens))
+            self._generation_tokens += decoders
+
+        prefill_tokens = prefill_pairs = emitted = 0
+        runs_on: list[_Seq] = []
         for seq in scheduled:
             n = seq.num_scheduled
             computed = seq.num_computed
@@ -290,32 +445,41 @@ class Engine:
             if caching and computed >= (seq.num_registered + 1) * bs:
                 full = computed // bs
                 seq.extend_hashes(full, bs)
-                blocks, hashes = seq.blocks, seq.hashes
-                for b in range(seq.num_registered, full):
-                    pool.register(blocks[b], hashes[b])
+                pool.register_range(seq.blocks, seq.hashes, seq.num_registered, full)
                 seq.num_registered = full
             if computed != known:
                 continue  # a prefill chunk that does not finish the prompt yet
             index = seq.num_output
             seq.num_output = index + 1
             seq.num_tokens = known + 1
+            emitted += 1
             if index == 0:
                 self._prompt_tokens += seq.prompt_len
             if index + 1 == seq.target:
-                reason = seq.final_reason
-                self._finished[reason] += 1
-                seq.done = any_done = True
-                pool.free(seq.blocks)
-                seq.blocks = []
-                del self._requests[seq.request_id]
-                events.append(TokenEvent(seq.request_id, index, reason, seq.num_cached_tokens))
+                self._end(seq)
+                events.append(TokenEvent(seq.request_id, index, seq.final_reason,
+                                         seq.num_cached_tokens))
             else:
-                events.append(TokenEvent(seq.request_id, index, None, seq.num_cached_tokens))
-        self._generation_tokens += len(events)
-        if any_done:
-            self._running = [s for s in self._running if not s.done]
+                runs_on.append(seq)
+                if every_token or index == 0:
+                    events.append(TokenEvent(seq.request_id, index, None, seq.num_cached_tokens))
+        self._generation_tokens += emitted
+        self._tick = tick + 1
+        if emitted:
+            for seq in runs_on:
+                self._decode(seq)
+            self._plain = [s for s in self._plain if not (s.decoding or s.done)]
         duration = self.derived.step_time(prefill_tokens, prefill_pairs, decode_seqs, decode_ctx)
         return StepResult(duration, tuple(events), prefill_tokens, decode_seqs, preempted)
+
+    def _end(self, seq: _Seq) -> None:
+        """`seq` sampled its last token: its blocks go back to the pool (still findable)."""
+        self._finished[seq.final_reason] += 1
+        seq.done = True
+        self._pool.free(seq.blocks)
+        seq.blocks = []
+        del self._requests[seq.request_id]
+        del self._running[seq]
 
     def stats(self) -> EngineStats:
         pool = self._pool
@@ -342,9 +506,17 @@ class Engine:
         for seq in self._running:
             for b in seq.blocks:
                 refs[b] += 1
-            if len(seq.blocks) * self.block_size < seq.num_computed:
-                problems.append(f"{seq.request_id}: {seq.num_computed} computed tokens do not fit "
+            computed = seq.num_computed + (self._tick - seq.tick0 if seq.decoding else 0)
+            if len(seq.blocks) * self.block_size < computed:
+                problems.append(f"{seq.request_id}: {computed} computed tokens do not fit "
                                 f"in {len(seq.blocks)} blocks")
+        plain = [s for s in self._running if not s.decoding]
+        if plain != self._plain:
+            problems.append("the plain sequences are not the running ones not decoding")
+        decoding = {s for s in self._running if s.decoding}
+        if decoding != {s for bucket in self._by_phase for s in bucket} or decoding != {
+                s for finishing in self._finish_at.values() for s in finishing}:
+            problems.append("the decoding sequences' buckets do not match the running ones")
         for seq in self._waiting:
             if seq.blocks or seq.num_computed:
                 problems.append(f"{seq.request_id}: waiting but holds blocks")

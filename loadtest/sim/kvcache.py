@@ -27,9 +27,11 @@ def chain_hashes(parent: int, tokens: Sequence[int], block_size: int) -> list[in
     at the start of a sequence. Python's hash of a tuple of ints is the same in every process.
     """
     out: list[int] = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = hash((parent, tuple(tokens[start : start + block_size])))
-        out.append(parent)
+    append = out.append
+    # Full blocks only, as tuples: zip stops at the partial last one.
+    for block in zip(*[iter(tokens)] * block_size, strict=False):
+        parent = hash((parent, block))
+        append(parent)
     return out
 
 
@@ -87,19 +89,20 @@ class BlockPool:
         if n > len(self.free_queue):
             raise ValueError(f"cannot allocate {n} blocks, {len(self.free_queue)} free")
         out: list[int] = []
-        popitem, ref_cnt, block_hash = self.free_queue.popitem, self.ref_cnt, self.block_hash
+        append, popitem, ref_cnt = out.append, self.free_queue.popitem, self.ref_cnt
+        drop_hash, cached = self.block_hash.pop, self.cached
         for _ in range(n):
-            b = popitem(last=False)[0]
-            h = block_hash.pop(b, None)
-            if h is not None and self.cached.get(h) == b:
-                del self.cached[h]
+            b = popitem(False)[0]
+            h = drop_hash(b, None)
+            if h is not None and cached.get(h) == b:
+                del cached[h]
             ref_cnt[b] = 1
-            out.append(b)
+            append(b)
         return out
 
     def allocate_one(self) -> int:
         """One block; the decode path's common case, without list building."""
-        b = self.free_queue.popitem(last=False)[0]
+        b = self.free_queue.popitem(False)[0]
         if self.block_hash:
             h = self.block_hash.pop(b, None)
             if h is not None and self.cached.get(h) == b:
@@ -114,6 +117,19 @@ class BlockPool:
         self.block_hash[block] = block_hash
         self.cached[block_hash] = block
 
+    def register_range(self, blocks: Sequence[int], hashes: Sequence[int], start: int,
+                       end: int) -> None:
+        """`register(blocks[i], hashes[i])` for i in [start, end), in that order."""
+        if not self.enable_caching:
+            return
+        block_hash, cached = self.block_hash, self.cached
+        for i in range(start, end):
+            b, h = blocks[i], hashes[i]
+            if b in block_hash or h in cached:
+                continue
+            block_hash[b] = h
+            cached[h] = b
+
     def free(self, blocks: Sequence[int]) -> None:
         """Drop one reference on each of a request's blocks, given in block-table order.
 
@@ -121,12 +137,14 @@ class BlockPool:
         reverse order and the tail is evicted first.
         """
         ref_cnt, queue, block_hash = self.ref_cnt, self.free_queue, self.block_hash
+        to_head = queue.move_to_end
         for b in reversed(blocks):
-            ref_cnt[b] -= 1
-            if ref_cnt[b] == 0:
+            left = ref_cnt[b] - 1
+            ref_cnt[b] = left
+            if not left:
                 queue[b] = None
                 if b not in block_hash:
-                    queue.move_to_end(b, last=False)
+                    to_head(b, False)
 
     def invariant_violations(self) -> list[str]:
         """Consistency problems, for tests: an empty list when the pool is sound."""
