@@ -14,7 +14,9 @@ their model's queue is admissible somewhere; expired with a 503 once they waited
 queue timeout) or `cancel` (the client went away). The caller calls `pump` whenever capacity may
 have freed (after `finish`, after a scrape) and at `next_deadline(now)`.
 `finish` releases the lease exactly once and feeds back what the backend reported: the cost
-model's prompt calibration and output-length distribution, and the backend's TTFT/TPOT profile.
+model's prompt calibration and output-length distribution, and the backend's speed (learned from
+the reply's TPOT). Each backend's `BackendWork` (routing/ttft.py) records what this gateway sent
+it: prompts not yet prefilled, recent prefill load, the context of its requests in flight.
 
 Rules
 - With `admission` on, only admissible backends are offered to the router, whatever the policy:
@@ -75,8 +77,8 @@ from routing.ttft import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_HIGH_WATER,
     BackendProfile,
+    BackendWork,
     Prediction,
-    PrefillRate,
     ProfileEstimator,
     predict,
 )
@@ -138,7 +140,8 @@ class Dispatcher:
         config: DispatchConfig | None = None,
         profile: BackendProfile | None = None,
     ) -> None:
-        """`profile`: the prior speed of every backend, refined online per backend."""
+        """`profile`: the reference speed; each backend's is learned online relative to it,
+        starting slow (ttft.SLOW_START_SCALE) until its replies are measured."""
         self.fleet = fleet
         self.router = router
         self.cost_model = cost_model or CostModel()
@@ -151,7 +154,7 @@ class Dispatcher:
         self._drain = DrainRate(self.config.drain_tau_s)
         self._counts: Counter[tuple[str, str, str]] = Counter()
         self._committed: dict[str, int] = {}  # peak blocks of in-flight requests, by backend
-        self._prefill: dict[str, PrefillRate] = {}  # uncached prompt tokens sent, by backend
+        self._work: dict[str, BackendWork] = {}  # what this gateway sent, by backend
 
     # The request's path.
 
@@ -248,6 +251,7 @@ class Dispatcher:
         dispatch.finished = True
         dispatch.lease.release()
         self._committed[dispatch.backend_id] -= dispatch.committed_blocks
+        self._work_of(dispatch.backend_id).finished(dispatch.context_tokens)
         if completion is None:
             return
         calibrate = dispatch.job.prompt_tokens is None  # token-id prompts have no characters
@@ -259,12 +263,10 @@ class Dispatcher:
         pred = dispatch.prediction
         if pred is None:
             return
-        estimator = self._estimator(dispatch.backend_id)
-        if completion.ttft_s is not None and completion.ttft_s >= 0.0:
-            estimator.observe_ttft(pred.prefill_tokens, pred.batch, completion.ttft_s)
         if completion.tpot_s is not None and completion.tpot_s > 0.0:
-            # The bare decode step: the stretch by interleaved prefills taken out.
-            estimator.observe_tpot(pred.tpot_batch, completion.tpot_s * (1.0 - pred.prefill_busy))
+            # TTFTs are not learned from: they include queueing inside the engine (ttft.py).
+            self._estimator(dispatch.backend_id).observe_tpot(
+                pred.kv_read_tokens, pred.prefill_tokens_per_s, completion.tpot_s)
 
     # Reading.
 
@@ -305,11 +307,11 @@ class Dispatcher:
             estimator = self._profiles[backend_id] = ProfileEstimator(self._prior)
         return estimator
 
-    def _prefill_rate(self, backend_id: str) -> PrefillRate:
-        rate = self._prefill.get(backend_id)
-        if rate is None:
-            rate = self._prefill[backend_id] = PrefillRate()
-        return rate
+    def _work_of(self, backend_id: str) -> BackendWork:
+        work = self._work.get(backend_id)
+        if work is None:
+            work = self._work[backend_id] = BackendWork()
+        return work
 
     def _survey(self, job: Job, cost: RequestCost, chain: PrefixChain, now: float,
                 exclude: Sequence[str]) -> _Survey:
@@ -331,11 +333,8 @@ class Dispatcher:
             cached = cost.prefix_tokens(chain.chars(depth)) if depth else 0
             estimator = self._profiles.get(cid) or self._estimator(cid)
             uncached[cid] = max(0, cost.prompt_tokens - cached)
-            rate = self._prefill_rate(cid)
-            load = rate.rate(now)
             pred = predict(c, cost, cached, estimator.profile(), high_water=high_water,
-                           prefill_tokens_per_s=load,
-                           own_prefill_tokens_per_s=rate.rate(now, uncached[cid]) - load)
+                           work=self._work.get(cid) or self._work_of(cid), now=now)
             predictions[cid] = pred
             # What this request adds to the backend's committed peak: its uncached prompt and
             # its expected reply (cached prefix blocks are shared with whoever cached them).
@@ -377,7 +376,9 @@ class Dispatcher:
         block_size = _block_size(decision.backend)
         lease = self.fleet.lease(backend, cost.reserve_blocks(block_size), now).acquire()
         commit = survey.commits.get(backend, 0)
-        self._prefill_rate(backend).add(survey.uncached.get(backend, 0), now)
+        context = cost.prompt_tokens + 0.5 * cost.output_mean
+        self._work_of(backend).dispatched(now, survey.uncached.get(backend, 0), context,
+                                          self._estimator(backend).profile().prefill_tokens_per_s)
         self._committed[backend] = self._committed.get(backend, 0) + commit
         if chain.blocks:
             self._prefix.record(backend, chain)
@@ -393,7 +394,8 @@ class Dispatcher:
                         prediction=survey.predictions.get(backend), lease=lease,
                         dispatched_at=now, queue_wait_s=wait, attempt=attempt,
                         tried=(*tried, backend), waiting=waiting, reason=why,
-                        block_size=block_size, committed_blocks=commit)
+                        block_size=block_size, committed_blocks=commit,
+                        context_tokens=context)
 
     def _session_backend(self, session: str | None) -> str | None:
         return None if session is None else self._sessions.get(session)

@@ -79,13 +79,13 @@ class Dispatch:
 
     __slots__ = ("job", "cost", "chain", "decision", "prediction", "lease", "dispatched_at",
                  "queue_wait_s", "attempt", "tried", "waiting", "reason", "block_size",
-                 "committed_blocks", "finished")
+                 "committed_blocks", "context_tokens", "finished")
 
     def __init__(self, *, job: Job, cost: RequestCost, chain: PrefixChain, decision: Decision,
                  prediction: Prediction | None, lease: Lease, dispatched_at: float,
                  queue_wait_s: float, attempt: int, tried: tuple[str, ...],
                  waiting: Waiting | None, reason: str, block_size: int,
-                 committed_blocks: int) -> None:
+                 committed_blocks: int, context_tokens: float = 0.0) -> None:
         self.job = job
         self.cost = cost
         self.chain = chain
@@ -100,6 +100,9 @@ class Dispatch:
         self.reason = reason  # ADMITTED, QUEUED, OVERSIZED, UNCHECKED or RETRY
         self.block_size = block_size  # the backend's KV block, in tokens
         self.committed_blocks = committed_blocks  # its share of the backend's committed peak
+        # Its context as the backend's decode steps read it on average (prompt plus half the
+        # expected reply): its share of the gateway's record of that backend's work.
+        self.context_tokens = context_tokens
         self.finished = False
 
     @property

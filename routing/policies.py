@@ -7,16 +7,24 @@
 - power_of_two: two drawn at random, the one with fewer in flight (least_request 1).
 - kv_util: the Gateway API Inference Extension's default: queue 2, kv_cache 2, prefix 3.
 - prefix_hash: consistent hashing of the prefix with bounded load, 1.25 x mean (prefix_hash 1).
-- cost (the default): KV high-water filter; ttft 2, tpot 2, preemption 1, prefix 0.3
+- cost (the default): KV high-water filter; ttft 2, goodput 2, preemption 1, prefix 0.3
   (load-bounded), session 0.3.
 
-`cost` ranks by predicted time to first token (queued prefill ahead, own uncached prefill, wait
-for KV blocks, one step: routing/ttft.py) after dropping backends the request would push past
-their KV high-water mark, weighed against the predicted TPOT with the request admitted (tpot:
-the expected change in replies meeting a 50 ms TPOT target, so decodes are not packed onto the
-fastest-looking backends past the SLO, and a reply that cannot meet it anywhere goes where it
-costs others least); prefix affinity and session affinity are preferences on top, the former
-bounded by load so a hot prefix never piles onto one saturated backend.
+`cost` predicts, per backend, what the request would see there and what it would do to the
+requests already there (routing/ttft.py: a vLLM-like engine's step is the weights read, plus the
+KV every decode reads, plus the prefill chunks interleaved; each backend's speed is learned from
+the TPOTs the gateway measures, a backend not measured yet is taken as slow until its replies
+prove otherwise, and the prefill queue ahead comes from what the gateway itself sent there). It
+drops backends the request would push past their KV high-water mark, then weighs
+- ttft: the predicted time to first token against the pool's best (queued prefill ahead, own
+  uncached prefill, wait for KV blocks, one step), and
+- goodput: the expected change in requests meeting both SLOs (TTFT 1 s, TPOT 50 ms): this
+  request's own chance, less the replies there its context and its prefill stall would push
+  past the TPOT target. So long prompts are not packed onto the fastest-looking backends past
+  the SLO, a slow backend is not given requests whose first token would come too late, and a
+  request that cannot succeed anywhere goes where it costs others least;
+prefix affinity and session affinity are preferences on top, the former bounded by load so a hot
+prefix never piles onto one saturated backend.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from routing.policy import (
     Weighted,
 )
 from routing.scorers import (
+    GoodputScorer,
     HighWaterFilter,
     KvUtilizationScorer,
     LeastRequestScorer,
@@ -47,7 +56,6 @@ from routing.scorers import (
     QueueScorer,
     RandomPicker,
     SessionAffinityScorer,
-    TpotScorer,
     TtftScorer,
 )
 
@@ -105,7 +113,7 @@ _SCORERS: Mapping[str, ScorerSpecs] = MappingProxyType({
     "prefix_hash": {"prefix_hash": (_prefix_hash, 1.0)},
     "cost": {
         "ttft": (lambda _: TtftScorer(), 2.0),
-        "tpot": (lambda _: TpotScorer(), 2.0),
+        "goodput": (lambda _: GoodputScorer(), 2.0),
         "preemption": (lambda _: PreemptionScorer(), 1.0),
         "prefix": (_prefix_bounded, 0.3),
         "session": (lambda _: SessionAffinityScorer(), 0.3),

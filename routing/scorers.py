@@ -19,6 +19,7 @@ from routing.prefix import HashRing
 from routing.state import Candidate
 
 UNKNOWN_KV_SCORE = 0.5  # a backend that reports no KV figure is neither favoured nor shunned
+DEFAULT_TTFT_TARGET_S = 1.0  # the usual time-to-first-token SLO
 DEFAULT_TPOT_TARGET_S = 0.05  # the usual time-per-output-token SLO
 
 
@@ -50,36 +51,49 @@ class TtftScorer:
         return ctx.best_ttft_s / pred.predicted_ttft_s
 
 
-class TpotScorer:
-    """The expected change in replies meeting the TPOT SLO `target_s` if this backend takes the
-    request, mapped from [-1, 1] onto [0, 1] (0.5: no change):
-        gain = P(this reply meets it) - (sequences there) x (P(before) - P(after))
-    where P(t) is the chance a reply meets the target on a backend whose predicted TPOT is t:
-    replies' TPOTs scatter log-normally (`spread`: sigma of log(actual / predicted)) around the
-    prediction. A fast idle backend scores 1; one already past the target, where the request
-    can neither meet it nor cost anyone else theirs, 0.5; one the request would push past the
-    target, taking many replies with it, towards 0. So when a reply cannot meet the SLO
-    anywhere it goes where it does the least harm."""
+def _meets(predicted_s: float, log_target: float, scale: float) -> float:
+    """P(actual <= target) when actual scatters log-normally around `predicted_s` (`scale`:
+    sigma of log(actual / predicted) times sqrt 2)."""
+    if predicted_s <= 0.0:
+        return 1.0
+    if not math.isfinite(predicted_s):
+        return 0.0
+    return 0.5 * math.erfc((math.log(predicted_s) - log_target) / scale)
 
-    def __init__(self, target_s: float = DEFAULT_TPOT_TARGET_S, spread: float = 0.35) -> None:
-        if not target_s > 0.0 or not spread > 0.0:
-            raise ValueError("the TPOT target and spread must be > 0")
-        self._log_target = math.log(target_s)
-        self._scale = spread * math.sqrt(2.0)
 
-    def _meets(self, tpot_s: float) -> float:
-        if tpot_s <= 0.0:
-            return 1.0
-        return 0.5 * math.erfc((math.log(tpot_s) - self._log_target) / self._scale)
+class GoodputScorer:
+    """The expected change in requests meeting both SLOs (goodput counts exactly those) if this
+    backend takes the request:
+        gain = P(TTFT <= ttft target) x P(TPOT <= tpot target | this request there)
+               - (sequences there) x (P(their TPOT meets it) before - after)
+    scored 1 / (2 - gain): 1 for a sure success that costs nobody theirs, 1/2 for a sure miss
+    that costs nobody, towards 0 as the misses it causes grow (never flat, so the least harmful
+    backend still wins when the request cannot succeed anywhere). Predictions scatter
+    log-normally around the truth (`ttft_spread`, `tpot_spread`: sigma of log(actual /
+    predicted)). The TPOT a decode sees is stretched by every prefill interleaved with it, so a
+    long prompt costs the replies already decoding on a backend: a fast backend near the TPOT
+    target loses to a slower one with room, and a slow backend whose TTFT would miss loses
+    whatever its TPOT."""
+
+    def __init__(self, ttft_target_s: float = DEFAULT_TTFT_TARGET_S,
+                 tpot_target_s: float = DEFAULT_TPOT_TARGET_S, *, ttft_spread: float = 0.5,
+                 tpot_spread: float = 0.35) -> None:
+        if not min(ttft_target_s, tpot_target_s, ttft_spread, tpot_spread) > 0.0:
+            raise ValueError("the SLO targets and spreads must be > 0")
+        self._ttft = (math.log(ttft_target_s), ttft_spread * math.sqrt(2.0))
+        self._tpot = (math.log(tpot_target_s), tpot_spread * math.sqrt(2.0))
 
     def score(self, request: RouteRequest, candidate: Candidate) -> float:
         ctx = request.context
         pred = ctx.predictions.get(candidate.id) if ctx is not None else None
         if pred is None:
             return 0.0
-        after = self._meets(pred.predicted_tpot_s)
-        lost = max(0.0, self._meets(pred.tpot_before_s) - after) * max(0, pred.tpot_batch - 1)
-        return min(1.0, max(0.0, (1.0 + after - lost) / 2.0))
+        after = _meets(pred.predicted_tpot_s, *self._tpot)
+        own = _meets(pred.predicted_ttft_s, *self._ttft) * after
+        others = _meets(pred.tpot_others_s, *self._tpot)
+        lost = max(0.0, _meets(pred.tpot_before_s, *self._tpot) - others) * max(
+            0, pred.tpot_batch - 1)
+        return 1.0 / (2.0 - own + lost)
 
 
 class PreemptionScorer:

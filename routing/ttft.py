@@ -1,24 +1,41 @@
-"""Predicted time to first token, and preemption risk, for one request on one candidate backend.
+"""Predicted time to first token, time per output token and preemption risk for one request on
+one candidate backend, and the online per-backend speed profile they use.
 
-The model, per backend:
-    ttft = queued prefill + own uncached prefill + wait for KV blocks + one scheduler step
-- queued prefill: the prompts waiting ahead (the snapshot's waiting queue plus what the gateway
-  dispatched since that scrape), each the model's typical prompt, discounted by the backend's prefix
-  cache hit rate, at the backend's prefill speed;
-- own prefill: this prompt minus the tokens likely cached there, at the same speed;
+The backend is a vLLM-like engine: continuous batching on a paged KV cache with chunked prefill.
+One scheduler step runs every running sequence's next token plus prefill chunks, and takes
+    step = base + per KV token x (KV tokens the decodes read) + prefill tokens / prefill speed
+- base: scheduling plus reading the weights once (a small batch is memory-bound);
+- KV read: each decoding sequence reads its whole context every step, a shared cached prefix
+  included, so a batch of long contexts decodes slower than a batch of short ones of equal size;
+- prefill: compute-bound, per token.
+Hence, per backend:
+    ttft = queued prefill + own uncached prefill + wait for KV blocks + one step
+    tpot = (base + per KV token x KV read) / (1 - prefill busy)
+- queued prefill: the uncached prompt tokens ahead of this one at the prefill speed. The gateway
+  knows what it sent (`BackendWork`) and takes the larger of two readings: the scrape's waiting
+  queue, counted as the last prompts it sent there before the scrape (the queue is FIFO), less
+  what the backend has prefilled since, plus the prompts dispatched since the scrape, in full;
+  and a fluid backlog of everything it sent, worked off at the prefill speed, which also covers
+  prompts a scrape shows as running mid-prefill (chunked prefill). Without that record, the
+  waiting queue counts at the model's typical prompt, discounted by the backend's hit rate.
+- KV read: the sequences that will decode alongside this one (running, waiting, dispatched since
+  the scrape) times the mean context (prompt plus half the expected reply) of the gateway's own
+  requests in flight there; this request's own context included after it is admitted.
+- prefill busy: the fraction of the backend's time prefills take: the uncached prompt tokens
+  per second the gateway sent it recently (`BackendWork.rate`) over the prefill speed, capped at
+  `MAX_PREFILL_BUSY`: interleaved prefills stretch every decode.
+- the sequences already there see their TPOT go from `tpot_before_s` (without this request) to
+  `tpot_others_s`: this request's context joins every step's KV read, and its own prefill stalls
+  them once, spread over what is left of their replies (about a mean reply).
 - KV wait: when the prompt's blocks do not fit in what is free after the queue ahead, the time for
   the running sequences to release the shortfall (they release everything they hold once per mean
-  reply length in decode steps);
-- one step: fixed overhead plus a decode step at the running batch size (the first token comes out
-  of a step shared with every running sequence).
-The predicted TPOT is the decode step once the request runs alongside everything already there,
-stretched by the prefills interleaved with the decodes:
-    tpot = decode step(running + queued ahead + this one) / (1 - prefill busy)
-where prefill busy is the fraction of the backend's time its recent prefill load (uncached prompt
-tokens per second the gateway sent it, `PrefillRate`, this prompt included) takes at its prefill
-speed, capped at `MAX_PREFILL_BUSY`. `ProfileEstimator` learns the bare decode step from observed
-TPOTs with that stretch taken out (`Prediction.prefill_busy`), against this same batch, so the
-context each sequence reads is in its slope.
+  reply length in decode steps).
+`ProfileEstimator` learns each backend's speed, as a scale on a reference profile, from the TPOTs
+the gateway measures on its own requests (a TPOT is the mean step over the reply); TTFTs are not
+used: they include queueing inside the engine, which would read as slow prefill. A backend not
+measured yet is taken as `SLOW_START_SCALE` times slower than the reference, so an unknown card
+is eased in (as a load balancer's slow start does) rather than flooded at the reference speed;
+its first replies then set its speed.
 Preemption risk is P(growth > room) under a normal approximation: growth is what every sequence
 already there adds while this request runs (`RequestCost.inflight_growth_*`, releases ignored, so
 it errs high) plus this request's own reply; room is capacity minus what is used, queued and this
@@ -27,13 +44,14 @@ prompt.
 Stale or missing snapshots are never read as idle: only the gateway's ledger is trusted. The
 backend is taken to be at least as full as the gateway's reservations (or as its last reading plus
 what was dispatched since, if higher), and every in-flight request is counted as queued ahead, so
-the predicted TTFT ranks such backends by in-flight count. With no known KV capacity, `fits` is
+the predicted TTFT ranks such backends by in-flight work. With no known KV capacity, `fits` is
 True and the risk is `UNKNOWN_RISK`: the backend is ranked by load alone.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from routing.cost import RequestCost
@@ -42,21 +60,24 @@ from routing.state import Candidate
 DEFAULT_HIGH_WATER = 0.9  # fraction of KV blocks a request's peak may fill up to
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default, when a backend reports capacity but no block size
 UNKNOWN_RISK = 0.5  # preemption risk of a backend whose KV capacity is unknown
+SLOW_START_SCALE = 4.0  # a backend not measured yet is taken as this much slower than the prior
 MAX_PREFILL_BUSY = 0.9  # prefill share of a backend's time beyond which TPOT is taken as 10x
 _SQRT2 = math.sqrt(2.0)
 
 
 @dataclass(frozen=True, slots=True)
 class BackendProfile:
-    """How fast a backend works. Defaults fit an 8B model on one current data-centre GPU."""
+    """How fast a backend works. Defaults: an 8B model (128 KiB of KV per token) on one H100-class
+    GPU (3.35 TB/s, 989 TFLOP/s, at typical kernel efficiencies); each backend's own speed is
+    learned online relative to it (`ProfileEstimator`)."""
 
-    prefill_tokens_per_s: float = 10_000.0
+    prefill_tokens_per_s: float = 30_000.0
     overhead_s: float = 0.005  # per request: scheduling, detokenising, the first network hop
-    decode_base_s: float = 0.012  # one decode step at batch size 0 (weights read once)
-    decode_per_seq_s: float = 0.0002  # and per running sequence
+    decode_base_s: float = 0.0065  # one decode step reading no KV (the weights read once)
+    decode_per_kv_token_s: float = 5e-8  # and per KV token the step's decodes read
 
-    def decode_step_s(self, batch: int) -> float:
-        return self.decode_base_s + self.decode_per_seq_s * batch
+    def decode_step_s(self, kv_tokens: float) -> float:
+        return self.decode_base_s + self.decode_per_kv_token_s * kv_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,14 +93,146 @@ class Prediction:
     fits: bool  # the request's peak blocks fit under the high-water mark on top of current use
     oversized: bool  # its peak exceeds the high-water mark even of an empty backend
     free_blocks: int | None  # free for this request after the queue ahead; < 0: over-committed
-    prefill_tokens: int  # queued + own uncached: what `ProfileEstimator.observe_ttft` needs
+    prefill_tokens: int  # queued + own uncached
     batch: int  # running sequences assumed
     reason: str
     tpot_batch: int = 1  # sequences decoding together once this one runs
-    predicted_tpot_s: float = 0.0  # the decode step at `tpot_batch`, stretched by prefills
+    predicted_tpot_s: float = 0.0  # this reply's: the decode step with it there, prefill-stretched
     prefill_busy: float = 0.0  # fraction of the backend's time others' prefills take
     tpot_before_s: float = 0.0  # the TPOT of the sequences already there, without this request
+    kv_read_tokens: float = 0.0  # KV tokens a decode step reads with this request there
+    prefill_tokens_per_s: float = 0.0  # the backend's recent prefill load (uncached tokens/s)
+    tpot_others_s: float = 0.0  # the TPOT of the sequences already there, with this request
 
+
+class PrefillRate:
+    """Uncached prompt tokens per second sent to one backend, exponentially averaged over
+    `tau_s`. `now` must not go backwards (an earlier value counts as the latest seen)."""
+
+    __slots__ = ("_tau", "_sum", "_at")
+
+    def __init__(self, tau_s: float = 5.0) -> None:
+        if not tau_s > 0.0:
+            raise ValueError("tau_s must be > 0")
+        self._tau = tau_s
+        self._sum = 0.0
+        self._at = -math.inf
+
+    def _decay(self, now: float) -> None:
+        if now > self._at:
+            if self._sum:
+                self._sum *= math.exp((self._at - now) / self._tau)
+            self._at = now
+
+    def add(self, tokens: int, now: float) -> None:
+        self._decay(now)
+        self._sum += tokens
+
+    def rate(self, now: float, extra_tokens: int = 0) -> float:
+        """The rate at `now`, as if `extra_tokens` were added now too."""
+        self._decay(now)
+        return (self._sum + extra_tokens) / self._tau
+
+
+class BackendWork:
+    """The gateway's own record of the work it sent one backend: its recent prefill load, a fluid
+    model of its prefill backlog, the uncached prompt sizes of its last `memory` dispatches (in
+    dispatch order, so the scrape's FIFO waiting queue can be read as the last of them) and the
+    context tokens of its requests in flight there. `now` must not go backwards."""
+
+    __slots__ = ("rate", "_recent", "_recent_tokens", "_memory", "_context", "_inflight",
+                 "_backlog", "_backlog_at", "_scrape_at", "_scrape_waiting", "_since_n",
+                 "_since", "_ahead")
+
+    def __init__(self, tau_s: float = 5.0, memory: int = 256) -> None:
+        if memory < 1:
+            raise ValueError("memory must be >= 1")
+        self.rate = PrefillRate(tau_s)
+        self._recent: deque[tuple[float, int]] = deque()
+        self._recent_tokens = 0
+        self._memory = memory
+        self._context = 0.0
+        self._inflight = 0
+        self._backlog = 0.0
+        self._backlog_at = -math.inf
+        # The last scrape read (`queued_tokens`): its time and waiting count, the dispatches
+        # since it (count, tokens) and the waiting queue's tokens as of it.
+        self._scrape_at = math.nan
+        self._scrape_waiting = -1
+        self._since_n = 0
+        self._since = 0.0
+        self._ahead = 0.0
+
+    def backlog(self, now: float, tokens_per_s: float) -> float:
+        """Uncached prompt tokens sent here and not yet prefilled, had the backend prefilled
+        without pause at `tokens_per_s` since each arrived (chunked prefill shares every step
+        with the decodes, which take a small part of a prefill step's time)."""
+        if now > self._backlog_at:
+            if self._backlog:
+                self._backlog = max(0.0, self._backlog - (now - self._backlog_at) * tokens_per_s)
+            self._backlog_at = now
+        return self._backlog
+
+    def dispatched(self, now: float, uncached_tokens: int, context_tokens: float,
+                   tokens_per_s: float) -> None:
+        self.rate.add(uncached_tokens, now)
+        self._backlog = self.backlog(now, tokens_per_s) + uncached_tokens
+        if len(self._recent) >= self._memory:
+            self._recent_tokens -= self._recent.popleft()[1]
+        self._recent.append((now, uncached_tokens))
+        self._recent_tokens += uncached_tokens
+        if now >= self._scrape_at:  # False while no scrape was read (NaN)
+            self._since_n += 1
+            self._since += uncached_tokens
+        self._context += context_tokens
+        self._inflight += 1
+
+    def finished(self, context_tokens: float) -> None:
+        self._inflight -= 1
+        self._context = max(0.0, self._context - context_tokens) if self._inflight else 0.0
+
+    def mean_uncached(self) -> float | None:
+        """Mean uncached prompt of the recent dispatches; None before the first."""
+        return self._recent_tokens / len(self._recent) if self._recent else None
+
+    def context_per_request(self) -> float | None:
+        """Mean context (prompt plus half the expected reply) of the requests in flight."""
+        return self._context / self._inflight if self._inflight > 0 else None
+
+    def queued_tokens(self, taken_at: float, waiting: int, now: float, tokens_per_s: float,
+                      max_walk: int = 64) -> tuple[int, float]:
+        """(requests dispatched since the scrape at `taken_at`, uncached prompt tokens not yet
+        prefilled): the larger of two readings. The fluid backlog (`backlog`: what this gateway
+        sent, including prompts a scrape shows as running mid-prefill); and the scrape's
+        `waiting` queue, taken as the last prompts sent before it (FIFO; beyond `max_walk` of
+        them, at their mean; other gateways' requests count alike), less what the backend
+        prefilled since, plus every prompt dispatched since the scrape, in full until the next
+        scrape shows what became of them.
+
+        The record is walked once per scrape (its figures are then grown by each dispatch), so
+        a decision costs O(1) however many came since."""
+        if taken_at != self._scrape_at or waiting != self._scrape_waiting:
+            self._read_scrape(taken_at, waiting, max_walk)
+        drained = max(0.0, now - taken_at) * tokens_per_s
+        scraped = max(0.0, self._ahead - drained) + self._since
+        return self._since_n, max(scraped, self.backlog(now, tokens_per_s))
+
+    def _read_scrape(self, taken_at: float, waiting: int, max_walk: int) -> None:
+        since_n, since, ahead, seen = 0, 0.0, 0.0, 0
+        for at, tokens in reversed(self._recent):
+            if at >= taken_at:
+                since_n += 1
+                since += tokens
+                continue
+            if seen >= waiting or seen >= max_walk:
+                break
+            ahead += tokens
+            seen += 1
+        if seen < waiting:
+            mean = ahead / seen if seen else (self.mean_uncached() or 0.0)
+            ahead += (waiting - seen) * mean
+        self._scrape_at, self._scrape_waiting = taken_at, waiting
+        self._since_n, self._since, self._ahead = since_n, since, ahead
 
 def predict(
     candidate: Candidate,
@@ -88,12 +241,12 @@ def predict(
     profile: BackendProfile,
     *,
     high_water: float = DEFAULT_HIGH_WATER,
-    prefill_tokens_per_s: float = 0.0,
-    own_prefill_tokens_per_s: float = 0.0,
+    work: BackendWork | None = None,
+    now: float = 0.0,
 ) -> Prediction:
     """Ledger figures (`reserved_blocks`, `blocks_since_scrape`) are in the backend's own blocks;
-    `prefill_tokens_per_s`: the backend's recent prefill load (`PrefillRate.rate`);
-    `own_prefill_tokens_per_s`: what this request's uncached prompt adds to it."""
+    `work`: what the gateway sent this backend (None: nothing recorded, the typical-prompt rules
+    apply); `now`: the decision's time, on the clock of the snapshot's `taken_at`."""
     snap = candidate.snapshot
     spec = candidate.spec
     capacity: int | None = None
@@ -111,21 +264,31 @@ def predict(
         elif snap.kv_usage is not None:
             last_used = round(snap.kv_usage * capacity)
 
+    tps = profile.prefill_tokens_per_s
     typical = cost.typical_prompt_tokens
+    per_seq = work.context_per_request() if work is not None else None
+    if per_seq is None:
+        per_seq = typical + 0.5 * cost.mean_output_all
+    mean_prompt = work.mean_uncached() if work is not None else None
     if snap is not None and not candidate.stale:
         source = "fresh"
         running = snap.running if snap.running is not None else candidate.inflight
         waiting = snap.waiting
         if waiting is None:  # not exposed: the gateway's own requests beyond the running ones
             waiting = max(0, candidate.inflight - candidate.dispatched_since_scrape - running)
-        queued_seqs = waiting + candidate.dispatched_since_scrape
+        if work is not None:
+            since, queued_tokens = work.queued_tokens(snap.taken_at, waiting, now, tps)
+        else:
+            since = candidate.dispatched_since_scrape
+            queued_tokens = (waiting + since) * typical * (1.0 - (snap.prefix_cache_hit_rate
+                                                                  or 0.0))
+        queued_seqs = waiting + since
         if last_used is not None:
             used = last_used + candidate.blocks_since_scrape
         else:
             used = candidate.reserved_blocks
         # Waiting prompts take their blocks before this one; their growth is counted in the risk.
         pending = waiting * math.ceil(typical / block_size)
-        queued_tokens = queued_seqs * typical * (1.0 - (snap.prefix_cache_hit_rate or 0.0))
         growing = running + waiting
         tpot_batch = running + queued_seqs + 1
     else:
@@ -133,30 +296,36 @@ def predict(
         running = candidate.inflight
         # As fleet.effective_free_blocks: the last reading plus what was dispatched since, or
         # the ledger's reservations, whichever is fuller.
-        since = candidate.blocks_since_scrape if last_used is not None else 0
-        used = max(candidate.reserved_blocks, (last_used or 0) + since)
+        since_blocks = candidate.blocks_since_scrape if last_used is not None else 0
+        used = max(candidate.reserved_blocks, (last_used or 0) + since_blocks)
         pending = 0
-        queued_tokens = candidate.inflight * typical
+        queued_tokens = candidate.inflight * (mean_prompt if mean_prompt is not None else typical)
+        if work is not None:
+            queued_tokens = max(queued_tokens, work.backlog(now, tps))
         growing = candidate.inflight
         tpot_batch = candidate.inflight + 1
 
-    tps = profile.prefill_tokens_per_s
     own_tokens = max(0, cost.prompt_tokens - cached_tokens)
     queued_s = queued_tokens / tps
     own_s = own_tokens / tps
-    decode_s = profile.decode_step_s(running)
+    decode_s = profile.decode_step_s(running * per_seq)
     step_s = profile.overhead_s + decode_s
     prefill_tokens = int(queued_tokens) + own_tokens
-    busy_before = min(MAX_PREFILL_BUSY, max(0.0, prefill_tokens_per_s / tps))
-    busy = min(MAX_PREFILL_BUSY, max(0.0, (prefill_tokens_per_s + own_prefill_tokens_per_s) / tps))
-    tpot_s = profile.decode_step_s(tpot_batch) / (1.0 - busy)
-    before_s = profile.decode_step_s(tpot_batch - 1) / (1.0 - busy_before)
+    load = work.rate.rate(now) if work is not None else 0.0
+    busy = min(MAX_PREFILL_BUSY, max(0.0, load / tps))
+    kv_before = (tpot_batch - 1) * per_seq
+    kv_after = kv_before + cost.prompt_tokens + 0.5 * cost.output_mean
+    tpot_s = profile.decode_step_s(kv_after) / (1.0 - busy)
+    before_s = profile.decode_step_s(kv_before) / (1.0 - busy)
+    # The others also wait out this prompt's prefill once, spread over what is left of their
+    # replies (a sequence met at a random instant has about a mean reply still to go).
+    others_s = tpot_s + own_s / max(1.0, cost.mean_output_all)
 
     if capacity is None:
         ttft = queued_s + own_s + step_s
         return Prediction(queued_s, own_s, 0.0, step_s, ttft, UNKNOWN_RISK, True, False, None,
                           prefill_tokens, running, f"{source}: KV capacity unknown",
-                          tpot_batch, tpot_s, busy_before, before_s)
+                          tpot_batch, tpot_s, busy, before_s, kv_after, load, others_s)
 
     limit = high_water * capacity
     peak = cost.peak_blocks(block_size)
@@ -191,113 +360,64 @@ def predict(
     ttft = queued_s + own_s + kv_wait + step_s
     return Prediction(queued_s, own_s, kv_wait, step_s, ttft, risk, fits, oversized, room,
                       prefill_tokens, running, f"{source}: {verdict}", tpot_batch, tpot_s,
-                      busy_before, before_s)
-
-
-class PrefillRate:
-    """Uncached prompt tokens per second sent to one backend, exponentially averaged over
-    `tau_s`. `now` must not go backwards (an earlier value counts as the latest seen)."""
-
-    __slots__ = ("_tau", "_sum", "_at")
-
-    def __init__(self, tau_s: float = 5.0) -> None:
-        if not tau_s > 0.0:
-            raise ValueError("tau_s must be > 0")
-        self._tau = tau_s
-        self._sum = 0.0
-        self._at = -math.inf
-
-    def _decay(self, now: float) -> None:
-        if now > self._at:
-            if self._sum:
-                self._sum *= math.exp((self._at - now) / self._tau)
-            self._at = now
-
-    def add(self, tokens: int, now: float) -> None:
-        self._decay(now)
-        self._sum += tokens
-
-    def rate(self, now: float, extra_tokens: int = 0) -> float:
-        """The rate at `now`, as if `extra_tokens` were added now too."""
-        self._decay(now)
-        return (self._sum + extra_tokens) / self._tau
-
-
-class _DecayedLine:
-    """Weighted least squares y = a + b x over observations whose weights halve every half-life;
-    seeded with pseudo-points on a prior line so it is defined before any data arrives."""
-
-    __slots__ = ("_decay", "_w", "_x", "_y", "_xx", "_xy")
-
-    def __init__(self, a: float, b: float, x_ref: float, weight: float, half_life: float) -> None:
-        self._decay = 0.5 ** (1.0 / half_life)
-        self._w = self._x = self._y = self._xx = self._xy = 0.0
-        for x in (0.0, x_ref):
-            self._add(x, a + b * x, weight / 2.0)
-
-    def _add(self, x: float, y: float, w: float) -> None:
-        self._w += w
-        self._x += w * x
-        self._y += w * y
-        self._xx += w * x * x
-        self._xy += w * x * y
-
-    def observe(self, x: float, y: float) -> None:
-        d = self._decay
-        self._w *= d
-        self._x *= d
-        self._y *= d
-        self._xx *= d
-        self._xy *= d
-        self._add(x, y, 1.0)
-
-    def fit(self, min_slope: float, max_slope: float) -> tuple[float, float]:
-        """(intercept >= 0, slope within bounds): noise must never make work look free."""
-        mx, my = self._x / self._w, self._y / self._w
-        var = self._xx / self._w - mx * mx
-        slope = (self._xy / self._w - mx * my) / var if var > 1e-12 else min_slope
-        slope = min(max_slope, max(min_slope, slope))
-        return max(0.0, my - slope * mx), slope
+                      busy, before_s, kv_after, load, others_s)
 
 
 class ProfileEstimator:
-    """Learns one backend's profile online from what the gateway measures on its requests.
+    """Learns one backend's speed online from the TPOTs the gateway measures on its requests.
 
-    TPOT samples fit the decode step against batch size; TTFT samples (dispatch to first token,
-    gateway queue excluded) minus the decode step fit overhead + prefill tokens / speed. Both start
-    from the prior profile, worth `prior_weight` observations, and forget with `half_life`.
+    The backend is taken to be the prior profile run `scale` times slower (faster below 1): on
+    one model, a GPU's memory bandwidth (decode) and compute (prefill) come in proportion within
+    a factor of about 1.5 across current cards, while their ratio is what the data cannot
+    separate (a TPOT stretched by prefills reads alike as slow decode or slow prefill, and the
+    two loads rise together). One scale is identified robustly from few samples. A reply's TPOT
+    is its mean step (module docstring), so with the prior's coefficients
+        tpot = scale x (base + per_kv_token x kv_read + prefill load x tpot / prefill speed)
+    which is linear in `scale`: a weighted least-squares ratio over observations whose weights
+    halve every `half_life`, seeded with `prior_weight` observations at scale 1, held within
+    [1/100, 100].
     """
+
+    _KV_REF = 100_000.0  # KV tokens read by the prior's pseudo-observations
 
     def __init__(
         self,
         prior: BackendProfile | None = None,
         *,
         half_life: float = 200.0,
-        prior_weight: float = 4.0,
+        prior_weight: float = 1.0,
+        initial_scale: float = SLOW_START_SCALE,
     ) -> None:
         p = prior or BackendProfile()
-        self._prefill = _DecayedLine(p.overhead_s, 1.0 / p.prefill_tokens_per_s, 4096.0,
-                                     prior_weight, half_life)
-        self._decode = _DecayedLine(p.decode_base_s, p.decode_per_seq_s, 64.0, prior_weight,
-                                    half_life)
-        self._profile: BackendProfile | None = p
+        self._prior = p
+        self._decay = 0.5 ** (1.0 / half_life)
+        z = p.decode_step_s(self._KV_REF)
+        self._zz = prior_weight * z * z  # decayed sums of model x model and model x observed
+        self._zy = prior_weight * z * z * initial_scale
+        self._profile: BackendProfile | None = None
 
-    def observe_ttft(self, prefill_tokens: int, batch: int, seconds: float) -> None:
-        """One request's dispatch-to-first-token time; `prefill_tokens` and `batch` as predicted
-        at dispatch (`Prediction.prefill_tokens`, `Prediction.batch`)."""
-        base, per_seq = self._decode.fit(0.0, 1.0)
-        self._prefill.observe(float(prefill_tokens), seconds - (base + per_seq * batch))
+    def observe_tpot(self, kv_read_tokens: float, prefill_tokens_per_s: float,
+                     seconds: float) -> None:
+        """One reply's time per output token; `kv_read_tokens` and `prefill_tokens_per_s` as
+        predicted at its dispatch (`Prediction.kv_read_tokens`, `.prefill_tokens_per_s`)."""
+        if not seconds > 0.0:
+            return
+        p = self._prior
+        z = p.decode_step_s(kv_read_tokens) + prefill_tokens_per_s * seconds / (
+            p.prefill_tokens_per_s)
+        d = self._decay
+        self._zz = self._zz * d + z * z
+        self._zy = self._zy * d + z * seconds
         self._profile = None
 
-    def observe_tpot(self, batch: int, seconds: float) -> None:
-        """One request's time per output token at (about) `batch` sequences decoding together
-        (`Prediction.tpot_batch` at dispatch)."""
-        self._decode.observe(float(batch), seconds)
-        self._profile = None
+    @property
+    def scale(self) -> float:
+        return min(100.0, max(0.01, self._zy / self._zz))
 
     def profile(self) -> BackendProfile:
         if self._profile is None:
-            overhead, per_token = self._prefill.fit(1e-7, 1e-2)  # 100 to 10M tokens/s
-            base, per_seq = self._decode.fit(0.0, 1.0)
-            self._profile = BackendProfile(1.0 / per_token, overhead, base, per_seq)
+            p, scale = self._prior, self.scale
+            self._profile = BackendProfile(p.prefill_tokens_per_s / scale, p.overhead_s,
+                                           p.decode_base_s * scale,
+                                           p.decode_per_kv_token_s * scale)
         return self._profile

@@ -323,3 +323,27 @@ def test_a_scrape_that_does_not_show_requests_in_flight_yet_cannot_make_the_gate
     assert d.pump(1.0).dispatched == ()
     d.finish(admitted[0], 2.0)
     assert len(d.pump(2.0).dispatched) == 1
+
+
+def test_prompts_sent_since_the_scrape_queue_ahead_at_their_own_size_until_prefilled() -> None:
+    fleet = make_fleet(a=(100_000, 100_000))
+    d = dispatcher(fleet)
+    first = placed(d.submit(job("long", LONG), 0.0))
+    behind = placed(d.submit(job("next"), 0.0)).prediction
+    scrape(fleet, "a", 100_000, 99_000, at=59.0, running=2)
+    much_later = placed(d.submit(job("later"), 60.0)).prediction
+    assert first.prediction is not None and behind is not None and much_later is not None
+    # The long prompt's own prefill is what the next request finds ahead of it, not a
+    # typical prompt; a minute later the backend has long prefilled both.
+    assert behind.queued_prefill_s == pytest.approx(first.prediction.own_prefill_s, rel=0.01)
+    assert much_later.queued_prefill_s == 0.0
+
+
+def test_a_backend_is_eased_in_until_its_replies_show_its_speed() -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000), b=(100_000, 100_000)))
+    for i in range(30):  # only b's replies are measured (fast); a's come back without figures
+        out = placed(d.submit(job(f"r{i}"), float(i)))
+        fast = Completion(completion_tokens=100, ttft_s=0.02, tpot_s=0.008)
+        d.finish(out, float(i), fast if out.backend_id == "b" else None)
+    assert d.profile("b").prefill_tokens_per_s > 2 * d.profile("a").prefill_tokens_per_s
+    assert placed(d.submit(job("next"), 40.0)).backend_id == "b"

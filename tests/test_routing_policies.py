@@ -11,7 +11,7 @@ from routing.context import RouteContext
 from routing.policies import DEFAULT_POLICY, POLICIES, scorer_names
 from routing.policy import PolicyContext, Router, RouteRequest, build_router, policy_names
 from routing.state import Candidate
-from tests.test_routing_scorers import PROMPT, cand, context_for
+from tests.test_routing_scorers import PROMPT, cand, context_for, cost, tpot_pred
 
 ALL = ("cost", "kv_util", "least_request", "power_of_two", "prefix_hash", "random",
        "round_robin")
@@ -58,7 +58,7 @@ def test_bad_weights_fail_at_construction(name: str, weights: dict[str, float],
 
 
 def test_scorer_names_list_what_each_policy_can_weigh() -> None:
-    assert scorer_names("cost") == ("preemption", "prefix", "session", "tpot", "ttft")
+    assert scorer_names("cost") == ("goodput", "preemption", "prefix", "session", "ttft")
     assert scorer_names("kv_util") == ("kv_cache", "prefix", "queue")
     assert scorer_names("round_robin") == ()
 
@@ -66,6 +66,17 @@ def test_scorer_names_list_what_each_policy_can_weigh() -> None:
 def test_cost_picks_the_lowest_predicted_ttft() -> None:
     pool = [cand("queued", waiting=6), cand("idle"), cand("busy", running=200)]
     assert pick(router("cost"), pool, context_for(pool)) == "idle"
+
+
+def test_cost_sends_a_request_away_from_a_fast_backend_it_would_push_past_the_tpot_target(
+) -> None:
+    # "fast" would give the first token soonest, but sixty replies there would cross 50 ms.
+    pool = [cand("fast"), cand("roomy")]
+    predictions = {"fast": tpot_pred(55, 45, 60, ttft_ms=20),
+                   "roomy": tpot_pred(31, 30, 10, ttft_ms=60)}
+    ctx = RouteContext(cost=cost(), predictions=predictions, best_ttft_s=0.02)
+    assert pick(router("cost"), pool, ctx) == "roomy"
+    assert pick(router("cost", goodput=0.0), pool, ctx) == "fast"
 
 
 def test_cost_never_picks_a_backend_the_request_would_push_past_its_high_water_mark() -> None:

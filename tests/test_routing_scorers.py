@@ -15,6 +15,7 @@ from routing.policy import RouteRequest, Scored
 from routing.prefix import prefix_chain
 from routing.scorers import (
     UNKNOWN_KV_SCORE,
+    GoodputScorer,
     HighWaterFilter,
     KvUtilizationScorer,
     LeastRequestScorer,
@@ -25,7 +26,6 @@ from routing.scorers import (
     QueueScorer,
     RandomPicker,
     SessionAffinityScorer,
-    TpotScorer,
     TtftScorer,
 )
 from routing.state import BackendSnapshot, BackendSpec, Candidate
@@ -131,15 +131,20 @@ def test_preemption_scorer_is_one_minus_the_risk() -> None:
     assert PreemptionScorer().score(routed(ctx), pool[0]) == pytest.approx(0.7)
 
 
-def tpot_pred(after_ms: float, before_ms: float, batch: int) -> Prediction:
-    """A prediction that only carries TPOT figures (with `batch` decoding once admitted)."""
-    return Prediction(0, 0, 0, 0, 0.01, 0.0, True, False, 100, 0, 0, "x", tpot_batch=batch,
-                      predicted_tpot_s=after_ms / 1e3, tpot_before_s=before_ms / 1e3)
+def tpot_pred(after_ms: float, before_ms: float, batch: int, *, others_ms: float | None = None,
+              ttft_ms: float = 10.0) -> Prediction:
+    """A prediction that only carries TTFT and TPOT figures (with `batch` decoding once admitted;
+    the others' TPOT with this request there is `after_ms` unless given)."""
+    return Prediction(0, 0, 0, 0, ttft_ms / 1e3, 0.0, True, False, 100, 0, 0, "x",
+                      tpot_batch=batch, predicted_tpot_s=after_ms / 1e3,
+                      tpot_before_s=before_ms / 1e3,
+                      tpot_others_s=(after_ms if others_ms is None else others_ms) / 1e3)
 
 
-def tpot_score(pred: Prediction, target_s: float = 0.05) -> float:
+def goodput_score(pred: Prediction, tpot_target_s: float = 0.05,
+                  ttft_target_s: float = 1.0) -> float:
     ctx = RouteContext(cost=cost(), predictions={"a": pred})
-    return TpotScorer(target_s).score(routed(ctx), cand("a"))
+    return GoodputScorer(ttft_target_s, tpot_target_s).score(routed(ctx), cand("a"))
 
 
 @pytest.mark.parametrize(
@@ -147,43 +152,56 @@ def tpot_score(pred: Prediction, target_s: float = 0.05) -> float:
     [(tpot_pred(20, 20, 1), tpot_pred(80, 80, 1)),
      (tpot_pred(30, 29, 10), tpot_pred(60, 59, 10)),
      (tpot_pred(120, 115, 50), tpot_pred(45, 40, 50)),
-     (tpot_pred(30, 25, 40), tpot_pred(47, 42, 40))],
+     (tpot_pred(30, 25, 40), tpot_pred(47, 42, 40)),
+     (tpot_pred(30, 30, 1, ttft_ms=200), tpot_pred(30, 30, 1, ttft_ms=3000)),
+     (tpot_pred(30, 30, 20, others_ms=30), tpot_pred(30, 30, 20, others_ms=45))],
     ids=["an idle backend within the target beats one past it",
          "a backend whose predicted TPOT exceeds the target scores lower",
          "pushing fifty replies towards the target scores below adding to fifty already past it",
-         "pushing forty replies towards the target scores below keeping them well within it"],
+         "pushing forty replies towards the target scores below keeping them well within it",
+         "a backend whose TTFT would miss its target scores lower, whatever its TPOT",
+         "stalling the replies there with a long prefill scores lower"],
 )
-def test_tpot_scorer_prefers_the_backend_that_keeps_more_replies_within_the_target(
+def test_goodput_scorer_prefers_the_backend_that_keeps_more_requests_within_both_slos(
     better: Prediction, worse: Prediction
 ) -> None:
-    assert tpot_score(better) > tpot_score(worse)
+    assert goodput_score(better) > goodput_score(worse)
 
 
 @pytest.mark.parametrize(
     ("pred", "lo", "hi"),
     [(tpot_pred(5, 5, 1), 0.99, 1.0),
      (tpot_pred(500, 500, 30), 0.499, 0.501),
-     (tpot_pred(50, 10, 1), 0.7, 0.8),
-     (tpot_pred(60, 40, 80), 0.0, 0.0)],
-    ids=["a fast idle backend scores about 1",
-         "one far past the target costs nobody anything: 0.5",
-         "at the target this reply meets it half the time: 0.75",
-         "one the request pushes eighty replies past the target from within it scores 0"],
+     (tpot_pred(50, 10, 1), 0.6, 0.7),
+     (tpot_pred(5, 5, 1, ttft_ms=1000), 0.6, 0.7),
+     (tpot_pred(60, 40, 80), 0.0, 0.05)],
+    ids=["a sure success that costs nobody scores about 1",
+         "a sure miss that costs nobody scores 1/2",
+         "at the TPOT target the reply meets it half the time: 2/3",
+         "at the TTFT target likewise: 2/3",
+         "one the request pushes eighty replies past the target from within it scores near 0"],
 )
-def test_tpot_scorer_maps_the_expected_goodput_change(pred: Prediction, lo: float,
-                                                      hi: float) -> None:
-    assert lo <= tpot_score(pred) <= hi
+def test_goodput_scorer_maps_the_expected_change_in_requests_meeting_both_slos(
+    pred: Prediction, lo: float, hi: float
+) -> None:
+    assert lo <= goodput_score(pred) <= hi
 
 
-def test_tpot_scorer_target_is_configurable() -> None:
+def test_goodput_scorer_never_goes_flat_however_many_misses_a_backend_would_cause() -> None:
+    assert goodput_score(tpot_pred(60, 40, 80)) > goodput_score(tpot_pred(60, 40, 160)) > 0.0
+
+
+def test_goodput_scorer_targets_are_configurable() -> None:
     pred = tpot_pred(80, 80, 1)
-    assert tpot_score(pred, target_s=0.2) > 0.95 > tpot_score(pred, target_s=0.05)
+    assert goodput_score(pred, tpot_target_s=0.2) > 0.95 > goodput_score(pred)
+    slow = tpot_pred(5, 5, 1, ttft_ms=3000)
+    assert goodput_score(slow, ttft_target_s=10.0) > 0.95 > goodput_score(slow)
     with pytest.raises(ValueError):
-        TpotScorer(0.0)
+        GoodputScorer(tpot_target_s=0.0)
 
 
-def test_tpot_scorer_without_a_context_scores_zero() -> None:
-    assert TpotScorer().score(RouteRequest(model="m"), cand("a")) == 0.0
+def test_goodput_scorer_without_a_context_scores_zero() -> None:
+    assert GoodputScorer().score(RouteRequest(model="m"), cand("a")) == 0.0
 
 
 # Prefix and session affinity

@@ -12,8 +12,10 @@ from routing.cost import RequestCost
 from routing.state import BackendSnapshot, BackendSpec, Candidate
 from routing.ttft import (
     MAX_PREFILL_BUSY,
+    SLOW_START_SCALE,
     UNKNOWN_RISK,
     BackendProfile,
+    BackendWork,
     Prediction,
     PrefillRate,
     ProfileEstimator,
@@ -21,7 +23,8 @@ from routing.ttft import (
 )
 
 PROFILE = BackendProfile(prefill_tokens_per_s=10_000.0, overhead_s=0.005, decode_base_s=0.01,
-                         decode_per_seq_s=0.0001)
+                         decode_per_kv_token_s=1e-7)
+PER_SEQ = 1000 + 160 / 2  # context of a sequence nobody recorded: typical prompt + half a reply
 TOTAL = 1000  # KV blocks of 16 tokens
 
 
@@ -138,7 +141,7 @@ def test_a_prompt_that_does_not_fit_the_free_blocks_waits_for_releases(
     # once per mean reply (160 steps).
     p = run(backend(snapshot(free=free, running=running)))
     used = TOTAL - free
-    step = PROFILE.decode_step_s(running)
+    step = PROFILE.decode_step_s(running * PER_SEQ)
     assert p.kv_wait_s == pytest.approx((100 - free) / used * 160 * step)
     assert "waits for KV blocks" in p.reason or "high-water" in p.reason
 
@@ -231,50 +234,111 @@ def test_certain_growth_gives_a_certain_answer() -> None:
     assert run(backend(snapshot(running=30, free=500)), request).preemption_risk == 1.0
 
 
-def test_observations_that_agree_with_the_prior_profile_leave_it_unchanged() -> None:
+def test_a_backend_not_measured_yet_is_taken_as_slow_until_its_replies_prove_otherwise() -> None:
     est = ProfileEstimator(PROFILE)
-    assert est.profile() == PROFILE
-    for tokens, batch in [(100, 1), (5000, 30), (20_000, 64)] * 50:
-        est.observe_tpot(batch, PROFILE.decode_step_s(batch))
-        est.observe_ttft(tokens, batch, PROFILE.overhead_s + tokens / PROFILE.prefill_tokens_per_s
-                         + PROFILE.decode_step_s(batch))
-    learned = est.profile()
-    assert learned is not PROFILE
-    for field in ("prefill_tokens_per_s", "overhead_s", "decode_base_s", "decode_per_seq_s"):
-        assert getattr(learned, field) == pytest.approx(getattr(PROFILE, field), rel=1e-6)
+    assert est.scale == pytest.approx(SLOW_START_SCALE)
+    assert est.profile().prefill_tokens_per_s == pytest.approx(10_000.0 / SLOW_START_SCALE)
+    assert est.profile().decode_base_s == pytest.approx(0.01 * SLOW_START_SCALE)
 
 
-def test_profile_estimator_learns_prefill_speed_and_overhead_from_observed_ttfts() -> None:
-    est = ProfileEstimator(BackendProfile())
-    truth = BackendProfile(prefill_tokens_per_s=30_000.0, overhead_s=0.02)
+def tpot_of(truth: BackendProfile, kv: float, load: float) -> float:
+    """A reply's TPOT on a backend of profile `truth` (the module's step model)."""
+    return truth.decode_step_s(kv) / (1.0 - load / truth.prefill_tokens_per_s)
+
+
+@pytest.mark.parametrize(
+    "scale", [1.0, 3.0, 0.5], ids=["as the prior", "three times slower", "twice as fast"])
+def test_profile_estimator_learns_the_backends_speed_relative_to_the_prior_from_tpots(
+    scale: float
+) -> None:
+    truth = BackendProfile(PROFILE.prefill_tokens_per_s / scale, PROFILE.overhead_s,
+                           PROFILE.decode_base_s * scale, PROFILE.decode_per_kv_token_s * scale)
+    est = ProfileEstimator(PROFILE)
     rng = random.Random(4)
-    for _ in range(2000):
-        tokens, batch = rng.randint(50, 20_000), rng.randint(0, 64)
-        est.observe_tpot(batch, truth.decode_step_s(batch) * rng.uniform(0.95, 1.05))
-        ideal = truth.overhead_s + tokens / truth.prefill_tokens_per_s + truth.decode_step_s(batch)
-        est.observe_ttft(tokens, batch, ideal * rng.uniform(0.95, 1.05))
-    learned = est.profile()
-    assert learned.prefill_tokens_per_s == pytest.approx(30_000, rel=0.05)
-    assert learned.overhead_s == pytest.approx(0.02, abs=0.005)
+    for _ in range(1000):
+        kv, load = rng.uniform(0, 200_000), rng.uniform(0, 0.6) * truth.prefill_tokens_per_s
+        est.observe_tpot(kv, load, tpot_of(truth, kv, load) * rng.uniform(0.9, 1.1))
+    assert est.scale == pytest.approx(scale, rel=0.05)
+    assert est.profile().prefill_tokens_per_s == pytest.approx(truth.prefill_tokens_per_s,
+                                                               rel=0.05)
 
 
-def test_profile_estimator_learns_the_decode_step_from_observed_tpots() -> None:
-    est = ProfileEstimator()
-    for i in range(1000):
-        batch = i % 100
-        est.observe_tpot(batch, 0.006 + 0.00005 * batch)
-    learned = est.profile()
-    assert learned.decode_base_s == pytest.approx(0.006, rel=0.01)
-    assert learned.decode_per_seq_s == pytest.approx(0.00005, rel=0.01)
+def test_queueing_inside_the_engine_never_reads_as_slow_prefill() -> None:
+    # TTFTs are not learned from: only TPOTs, which a queue ahead does not lengthen.
+    est = ProfileEstimator(PROFILE, initial_scale=1.0)
+    for _ in range(100):
+        est.observe_tpot(50_000.0, 0.0, tpot_of(PROFILE, 50_000.0, 0.0))
+    assert est.profile().prefill_tokens_per_s == pytest.approx(10_000.0, rel=1e-6)
 
 
-def test_noise_never_makes_prefill_free_or_overhead_negative() -> None:
-    est = ProfileEstimator()
-    for tokens in range(0, 20_000, 10):  # TTFT falling with more work: nonsense data
-        est.observe_ttft(tokens, 0, 1.0 - tokens / 40_000)
-    learned = est.profile()
-    assert learned.prefill_tokens_per_s <= 1e7
-    assert learned.overhead_s >= 0.0
+def test_nonsense_tpots_keep_the_speed_within_bounds() -> None:
+    est = ProfileEstimator(PROFILE)
+    for _ in range(1000):
+        est.observe_tpot(0.0, 0.0, 1e6)
+    assert est.scale == 100.0
+    est.observe_tpot(0.0, 0.0, 0.0)  # no reply time: ignored
+    assert est.scale == 100.0
+
+
+# The gateway's record of the work it sent one backend
+
+
+def record(*dispatches: tuple[float, int]) -> BackendWork:
+    """A backend's record of `(time, uncached tokens)` dispatches, each prefilled at once."""
+    work = BackendWork()
+    for t, tokens in dispatches:
+        work.dispatched(t, tokens, 0.0, tokens_per_s=1e9)
+    return work
+
+
+SENT = ((0.0, 9000), (0.1, 100), (0.2, 200), (0.3, 300), (1.0, 5000))
+
+
+@pytest.mark.parametrize(
+    ("waiting", "tokens_per_s", "queued"),
+    [(2, 1e-9, 5500.0), (0, 1e-9, 5000.0), (2, 600.0, 5200.0)],
+    ids=["the scrape's 2 waiting are the last 2 sent before it, plus all sent after",
+         "nothing waiting at the scrape: only what was sent after it",
+         "less what the backend prefilled since the scrape (0.5 s at 600 tokens/s)"],
+)
+def test_prompts_dispatched_since_the_scrape_count_exactly_and_the_waiting_queue_as_the_last_sent(
+    waiting: int, tokens_per_s: float, queued: float
+) -> None:
+    # Scrape at 0.5; the 5,000-token prompt came at 1.0, after it.
+    since, tokens = record(*SENT).queued_tokens(0.5, waiting, 1.0, tokens_per_s)
+    assert (since, tokens) == (1, pytest.approx(queued))
+
+
+def test_a_waiting_queue_longer_than_the_record_counts_at_the_mean_prompt() -> None:
+    work = record((0.0, 1000), (0.1, 1000))
+    assert work.queued_tokens(0.5, 5, 0.5, 1e-9)[1] == pytest.approx(5000.0)
+
+
+def test_a_scrape_raises_the_backlog_it_shows_and_the_backend_works_it_off() -> None:
+    work = record((0.0, 1000), (0.1, 1000))
+    assert work.queued_tokens(0.5, 2, 0.5, 1000.0)[1] == pytest.approx(2000.0)
+    assert work.queued_tokens(0.5, 2, 1.5, 1000.0)[1] == pytest.approx(1000.0)
+    assert work.queued_tokens(0.5, 2, 9.0, 1000.0)[1] == 0.0
+
+
+def test_the_fluid_backlog_covers_prompts_a_scrape_shows_running_mid_prefill() -> None:
+    work = BackendWork()
+    work.dispatched(0.0, 10_000, 0.0, tokens_per_s=1000.0)
+    # The scrape at 0.5 saw it running (waiting 0); at 1000 tokens/s 9,000 remain at 1.0.
+    assert work.queued_tokens(0.5, 0, 1.0, 1000.0)[1] == pytest.approx(9000.0)
+    assert work.backlog(20.0, 1000.0) == 0.0
+
+
+def test_the_context_of_requests_in_flight_is_averaged_until_they_finish() -> None:
+    work = BackendWork()
+    assert work.context_per_request() is None
+    work.dispatched(0.0, 10, 1000.0, tokens_per_s=1e9)
+    work.dispatched(0.0, 10, 3000.0, tokens_per_s=1e9)
+    assert work.context_per_request() == pytest.approx(2000.0)
+    work.finished(1000.0)
+    assert work.context_per_request() == pytest.approx(3000.0)
+    work.finished(3000.0)
+    assert work.context_per_request() is None
 
 
 # Predicted TPOT
@@ -290,34 +354,56 @@ def test_noise_never_makes_prefill_free_or_overhead_negative() -> None:
          "so do requests dispatched since the scrape",
          "a stale snapshot: the gateway's in-flight count plus this one"],
 )
-def test_predicted_tpot_is_the_decode_step_with_everything_there_plus_this_request(
+def test_predicted_tpot_is_the_decode_step_reading_every_sequences_context_plus_this_ones(
     snap: BackendSnapshot, inflight: int, since: int, stale: bool, batch: int
 ) -> None:
     pred = run(backend(snap, inflight=inflight, since=since, stale=stale))
+    others = (batch - 1) * PER_SEQ
+    own = 1600 + 160 / 2
     assert pred.tpot_batch == batch
-    assert pred.predicted_tpot_s == pytest.approx(PROFILE.decode_step_s(batch))
-    assert pred.tpot_before_s == pytest.approx(PROFILE.decode_step_s(batch - 1))
+    assert pred.kv_read_tokens == pytest.approx(others + own)
+    assert pred.predicted_tpot_s == pytest.approx(PROFILE.decode_step_s(others + own))
+    assert pred.tpot_before_s == pytest.approx(PROFILE.decode_step_s(others))
+
+
+def test_long_contexts_decode_slower_than_short_ones_in_a_batch_of_equal_size() -> None:
+    short, long_ = BackendWork(), BackendWork()
+    for _ in range(20):
+        short.dispatched(0.0, 0, 500.0, tokens_per_s=1e9)
+        long_.dispatched(0.0, 0, 8000.0, tokens_per_s=1e9)
+    snap = snapshot(running=20)
+    fast = predict(backend(snap, inflight=20), cost(), 0, PROFILE, work=short, now=100.0)
+    slow = predict(backend(snap, inflight=20), cost(), 0, PROFILE, work=long_, now=100.0)
+    assert slow.predicted_tpot_s > fast.predicted_tpot_s
+    assert slow.step_s > fast.step_s
 
 
 @pytest.mark.parametrize(
-    ("load", "own", "busy_before", "busy_after"),
-    [(0.0, 0.0, 0.0, 0.0), (5_000.0, 0.0, 0.5, 0.5), (5_000.0, 2_500.0, 0.5, 0.75),
-     (50_000.0, 0.0, MAX_PREFILL_BUSY, MAX_PREFILL_BUSY)],
+    ("load", "busy"),
+    [(0.0, 0.0), (5_000.0, 0.5), (50_000.0, MAX_PREFILL_BUSY)],
     ids=["no prefill load: the bare decode step",
          "prefills taking half the time double the TPOT",
-         "this request's own prompt adds to the load the others see",
          "a saturated backend is capped, not infinite"],
 )
-def test_interleaved_prefills_stretch_the_predicted_tpot(
-    load: float, own: float, busy_before: float, busy_after: float
-) -> None:
-    # PROFILE prefills 10,000 tokens/s.
+def test_interleaved_prefills_stretch_the_predicted_tpot(load: float, busy: float) -> None:
+    # PROFILE prefills 10,000 tokens/s; the load is what the gateway sent over the last 5 s.
+    work = BackendWork(tau_s=5.0)
+    if load:
+        work.dispatched(100.0, int(load * 5.0), 0.0, tokens_per_s=1e12)
     snap = snapshot(running=20)
-    pred = predict(backend(snap), cost(), 0, PROFILE, prefill_tokens_per_s=load,
-                   own_prefill_tokens_per_s=own)
-    assert pred.prefill_busy == pytest.approx(busy_before)
-    assert pred.tpot_before_s == pytest.approx(PROFILE.decode_step_s(20) / (1 - busy_before))
-    assert pred.predicted_tpot_s == pytest.approx(PROFILE.decode_step_s(21) / (1 - busy_after))
+    pred = predict(backend(snap), cost(), 0, PROFILE, work=work, now=100.0)
+    assert pred.prefill_busy == pytest.approx(busy)
+    assert pred.prefill_tokens_per_s == pytest.approx(load)
+    assert pred.predicted_tpot_s == pytest.approx(
+        PROFILE.decode_step_s(pred.kv_read_tokens) / (1 - busy))
+
+
+def test_this_prompts_prefill_stalls_the_replies_already_there_once() -> None:
+    # 1,600 uncached tokens at 10,000 tokens/s: 0.16 s, over their remaining 160-token replies.
+    pred = run(backend(snapshot(running=20)))
+    assert pred.tpot_others_s == pytest.approx(pred.predicted_tpot_s + 0.16 / 160)
+    cached = run(backend(snapshot(running=20)), cached=1600)
+    assert cached.tpot_others_s == pytest.approx(cached.predicted_tpot_s)
 
 
 def test_prefill_rate_is_tokens_per_second_decaying_with_its_time_constant() -> None:
