@@ -132,32 +132,27 @@ class Fleet:
         return Lease(self._backends[backend_id].ledger, blocks, now)
 
     def candidate(self, backend_id: str, now: float) -> Candidate:
-        backend = self._backends[backend_id]
+        return self._candidate(self._backends[backend_id], now)
+
+    def _candidate(self, backend: _Backend, now: float) -> Candidate:
         ledger = backend.ledger
         snapshot = backend.snapshot
+        inflight, reserved = ledger.inflight, ledger.reserved_blocks
         if snapshot is None:
-            since = (ledger.inflight, ledger.reserved_blocks)
-        else:
-            since = ledger.since(snapshot.taken_at)
-        return Candidate(
-            spec=backend.spec,
-            healthy=backend.healthy,
-            snapshot=snapshot,
-            stale=snapshot is None or snapshot.is_stale(now, self.max_snapshot_age),
-            inflight=ledger.inflight,
-            reserved_blocks=ledger.reserved_blocks,
-            dispatched_since_scrape=since[0],
-            blocks_since_scrape=since[1],
-        )
+            return Candidate(backend.spec, backend.healthy, None, True, inflight, reserved,
+                             inflight, reserved)
+        since, blocks = ledger.since(snapshot.taken_at)
+        return Candidate(backend.spec, backend.healthy, snapshot,
+                         now - snapshot.taken_at > self.max_snapshot_age,  # snapshot.is_stale
+                         inflight, reserved, since, blocks)
 
     def candidates(self, model: str | None, now: float) -> list[Candidate]:
         """Healthy backends serving `model` (any model when None), in configuration order."""
-        return [
-            self.candidate(spec.id, now)
-            for spec in self._specs
-            if self._backends[spec.id].healthy
-            and (model is None or model in self.models_of(spec.id))
-        ]
+        out: list[Candidate] = []
+        for backend in self._backends.values():  # configuration order
+            if backend.healthy and (model is None or model in self.models_of(backend.spec.id)):
+                out.append(self._candidate(backend, now))
+        return out
 
     def admin_rows(self, now: float) -> list[dict[str, object]]:
         """One row per backend, the fields of DESIGN.md's /admin/backends plus a few; a figure

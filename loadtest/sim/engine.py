@@ -410,10 +410,18 @@ class Engine:
                         seq.request_id, index, seq.final_reason if index + 1 == seq.target
                         else None, seq.num_cached_tokens))
             if caching:  # blocks this step fills, in running order (the first hash wins)
+                register = pool.register
                 for seq in _in_order(self._by_phase[(-tick - 1) % bs]):
                     full = (seq.num_computed + tick - seq.tick0 + 1) // bs
-                    seq.extend_hashes(full, bs)
-                    pool.register_range(seq.blocks, seq.hashes, seq.num_registered, full)
+                    hashes = seq.hashes
+                    at = (full - 1) * bs
+                    if len(hashes) == seq.num_registered == full - 1 and at >= seq.prompt_len:
+                        # The usual case, inline: one output-only block (`extend_hashes`).
+                        hashes.append(hash((hashes[-1], at - seq.prompt_len)))
+                        register(seq.blocks[full - 1], hashes[-1])
+                    else:
+                        seq.extend_hashes(full, bs)
+                        pool.register_range(seq.blocks, hashes, seq.num_registered, full)
                     seq.num_registered = full
             finishing = self._finish_at.get(tick)
             if finishing:
