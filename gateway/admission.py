@@ -136,6 +136,11 @@ class Gate:
         self.dispatcher.finish(dispatch, self._clock(), completion)
         self.pump()
 
+    def first_token(self, dispatch: Dispatch, at: float) -> None:
+        """The attempt's first token arrived at `at` (this gate's clock): it calibrates the
+        backend's speed long before the reply ends (`Dispatcher.first_token`)."""
+        self.dispatcher.first_token(dispatch, at)
+
     def reroute(self, dispatch: Dispatch) -> Dispatch | None:
         """Finish a failed attempt and place the request on a backend not tried yet, if any."""
         placed = self.dispatcher.reroute(dispatch, self._clock())

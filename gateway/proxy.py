@@ -62,6 +62,7 @@ class Gate(Protocol):
 
     async def acquire(self, job: Job) -> Dispatch: ...
     def finish(self, dispatch: Dispatch, completion: Completion | None = None) -> None: ...
+    def first_token(self, dispatch: Dispatch, at: float) -> None: ...
     def reroute(self, dispatch: Dispatch) -> Dispatch | None: ...
 
 
@@ -196,7 +197,9 @@ class Proxy:
     ) -> web.StreamResponse | _Retry:
         """One try on the dispatched backend. The dispatch holds its ledger lease until this
         returns, on every path; a complete answer's usage and timing go back to the Dispatcher."""
-        observer = StreamObserver(self._clock) if call.stream else None
+        observer = StreamObserver(
+            self._clock, lambda at: self._gate.first_token(dispatch, at)
+        ) if call.stream else None
         decision, attempt = dispatch.decision, dispatch.attempt
         completion: Completion | None = None
         try:

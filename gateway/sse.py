@@ -39,11 +39,14 @@ def error_event(
 class StreamObserver:
     """Relays one SSE stream and remembers what the gateway must know about it."""
 
-    __slots__ = ("_carry", "_clock", "first_token_at", "finish_reason", "usage", "error", "done")
+    __slots__ = ("_carry", "_clock", "_on_first_token", "first_token_at", "finish_reason",
+                 "usage", "error", "done")
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float],
+                 on_first_token: Callable[[float], None] | None = None) -> None:
         self._carry = b""
         self._clock = clock
+        self._on_first_token = on_first_token  # called once, with first_token_at
         self.first_token_at: float | None = None  # clock() when the first text token arrived
         self.finish_reason: str | None = None  # the last non-null finish_reason seen
         self.usage: dict[str, Any] | None = None  # the usage object, if the stream carried one
@@ -64,6 +67,8 @@ class StreamObserver:
             chunk = chunk[:end]
         if self.first_token_at is None and _has_text(chunk):
             self.first_token_at = self._clock()
+            if self._on_first_token is not None:
+                self._on_first_token(self.first_token_at)
         for key in _FINISH_KEYS:
             if key in chunk:
                 self._read_finish_reason(chunk, key)

@@ -15,7 +15,8 @@ queue timeout) or `cancel` (the client went away). The caller calls `pump` whene
 have freed (after `finish`, after a scrape) and at `next_deadline(now)`.
 `finish` releases the lease exactly once and feeds back what the backend reported: the cost
 model's prompt calibration and output-length distribution, and the backend's speed (learned from
-the reply's TPOT). Each backend's `BackendWork` (routing/ttft.py) records what this gateway sent
+the reply's TPOT); `first_token`, called when a streamed reply's first token arrives, calibrates a
+backend the gateway has only just met. Each backend's `BackendWork` (routing/ttft.py) records what this gateway sent
 it: prompts not yet prefilled, recent prefill load, the context of its requests in flight.
 
 Rules
@@ -243,6 +244,13 @@ class Dispatcher:
             dispatch.cost.output_mean))
         dispatch.lease.set_blocks(-(-(prompt_tokens + expected) // dispatch.block_size))
 
+    def first_token(self, dispatch: Dispatch, now: float) -> None:
+        """The attempt's first token arrived at `now`: the earliest reading of the backend's
+        speed (`ProfileEstimator.observe_ttft`). Optional; call at most once per attempt."""
+        pred = dispatch.prediction
+        if pred is not None and not dispatch.finished:
+            self._estimator(dispatch.backend_id).observe_ttft(pred, now - dispatch.dispatched_at)
+
     def finish(self, dispatch: Dispatch, now: float, completion: Completion | None = None) -> None:
         """The attempt is over: release its lease (once; later calls do nothing) and learn from
         `completion`. Then call `pump(now)`: capacity may have freed."""
@@ -264,7 +272,7 @@ class Dispatcher:
         if pred is None:
             return
         if completion.tpot_s is not None and completion.tpot_s > 0.0:
-            # TTFTs are not learned from: they include queueing inside the engine (ttft.py).
+            # Past the first few, TTFTs are not learned from: they include queueing (ttft.py).
             self._estimator(dispatch.backend_id).observe_tpot(
                 pred.kv_read_tokens, pred.prefill_tokens_per_s, completion.tpot_s)
 

@@ -7,14 +7,15 @@
 - power_of_two: two drawn at random, the one with fewer in flight (least_request 1).
 - kv_util: the Gateway API Inference Extension's default: queue 2, kv_cache 2, prefix 3.
 - prefix_hash: consistent hashing of the prefix with bounded load, 1.25 x mean (prefix_hash 1).
-- cost (the default): KV high-water filter; ttft 2, goodput 2, preemption 1, prefix 0.3
-  (load-bounded), session 0.3.
+- cost (the default): KV high-water filter; ttft 2, goodput 2, prefill_load 4, preemption 1,
+  prefix 0.3 (load-bounded), session 0.3.
 
 `cost` predicts, per backend, what the request would see there and what it would do to the
 requests already there (routing/ttft.py: a vLLM-like engine's step is the weights read, plus the
 KV every decode reads, plus the prefill chunks interleaved; each backend's speed is learned from
-the TPOTs the gateway measures, a backend not measured yet is taken as slow until its replies
-prove otherwise, and the prefill queue ahead comes from what the gateway itself sent there). It
+its first tokens, then from the TPOTs the gateway measures, a backend not measured yet is taken
+as slow until they prove otherwise, and the prefill queue ahead comes from what the gateway
+itself sent there). It
 drops backends the request would push past their KV high-water mark, then weighs
 - ttft: the predicted time to first token against the pool's best (queued prefill ahead, own
   uncached prefill, wait for KV blocks, one step), and
@@ -22,7 +23,11 @@ drops backends the request would push past their KV high-water mark, then weighs
   request's own chance, less the replies there its context and its prefill stall would push
   past the TPOT target. So long prompts are not packed onto the fastest-looking backends past
   the SLO, a slow backend is not given requests whose first token would come too late, and a
-  request that cannot succeed anywhere goes where it costs others least;
+  request that cannot succeed anywhere goes where it costs others least, and
+- prefill_load: the share of the backend's time its recent prefills leave to decoding. TTFT
+  alone would send every long prompt to the fastest prefill; on a mixed fleet that loads the
+  fast backends' steps with prefill until their TPOTs and queues rise, so prefill is spread in
+  proportion to each backend's prefill speed;
 prefix affinity and session affinity are preferences on top, the former bounded by load so a hot
 prefix never piles onto one saturated backend.
 """
@@ -51,6 +56,7 @@ from routing.scorers import (
     LeastRequestScorer,
     PowerOfTwoPicker,
     PreemptionScorer,
+    PrefillLoadScorer,
     PrefixAffinityScorer,
     PrefixHashScorer,
     QueueScorer,
@@ -114,6 +120,7 @@ _SCORERS: Mapping[str, ScorerSpecs] = MappingProxyType({
     "cost": {
         "ttft": (lambda _: TtftScorer(), 2.0),
         "goodput": (lambda _: GoodputScorer(), 2.0),
+        "prefill_load": (lambda _: PrefillLoadScorer(), 4.0),
         "preemption": (lambda _: PreemptionScorer(), 1.0),
         "prefix": (_prefix_bounded, 0.3),
         "session": (lambda _: SessionAffinityScorer(), 0.3),

@@ -96,6 +96,20 @@ class GoodputScorer:
         return 1.0 / (2.0 - own + lost)
 
 
+class PrefillLoadScorer:
+    """The share of the backend's time that its recent prefills, this prompt's included, leave
+    to decoding: 1 - (uncached prompt tokens per second sent there) / (its prefill speed)
+    (`Prediction.prefill_busy_after`). Interleaved prefill stretches every decode step there.
+    On a mixed fleet the TTFT score alone would send the long prompts to the fastest prefill,
+    loading those backends' steps until their TPOT and queue rise; this spreads the prefill load
+    in proportion to each backend's prefill speed."""
+
+    def score(self, request: RouteRequest, candidate: Candidate) -> float:
+        ctx = request.context
+        pred = ctx.predictions.get(candidate.id) if ctx is not None else None
+        return 0.0 if pred is None else max(0.0, 1.0 - pred.prefill_busy_after)
+
+
 class PreemptionScorer:
     """One minus the predicted risk that admitting the request drives the backend to preempt."""
 
@@ -220,3 +234,4 @@ class PowerOfTwoPicker:
             return scored[0].candidate
         a, b = self._rng.sample(range(len(scored)), 2)
         return (scored[b] if scored[b].score > scored[a].score else scored[a]).candidate
+

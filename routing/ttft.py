@@ -13,8 +13,8 @@ Hence, per backend:
     tpot = (base + per KV token x KV read) / (1 - prefill busy)
 - queued prefill: the uncached prompt tokens ahead of this one at the prefill speed. The gateway
   knows what it sent (`BackendWork`) and takes the larger of two readings: the scrape's waiting
-  queue, counted as the last prompts it sent there before the scrape (the queue is FIFO), less
-  what the backend has prefilled since, plus the prompts dispatched since the scrape, in full;
+  queue, counted as the last prompts it sent there before the scrape (the queue is FIFO), plus
+  the prompts dispatched since the scrape, worked off at the prefill speed from then on;
   and a fluid backlog of everything it sent, worked off at the prefill speed, which also covers
   prompts a scrape shows as running mid-prefill (chunked prefill). Without that record, the
   waiting queue counts at the model's typical prompt, discounted by the backend's hit rate.
@@ -31,11 +31,14 @@ Hence, per backend:
   the running sequences to release the shortfall (they release everything they hold once per mean
   reply length in decode steps).
 `ProfileEstimator` learns each backend's speed, as a scale on a reference profile, from the TPOTs
-the gateway measures on its own requests (a TPOT is the mean step over the reply); TTFTs are not
-used: they include queueing inside the engine, which would read as slow prefill. A backend not
+the gateway measures on its own requests (a TPOT is the mean step over the reply). A backend not
 measured yet is taken as `SLOW_START_SCALE` times slower than the reference, so an unknown card
-is eased in (as a load balancer's slow start does) rather than flooded at the reference speed;
-its first replies then set its speed.
+is eased in (as a load balancer's slow start does) rather than flooded at the reference speed.
+Its first tokens set its speed (the TTFT against the prediction it was dispatched on) until
+`BOOTSTRAP_TPOTS` replies have ended: a first token comes within a step or two, a TPOT only
+when the reply ends, seconds later on a slow card, while every backend looks alike. From then
+on TTFTs are not used: they include queueing inside the engine, which would read as slow
+prefill.
 Preemption risk is P(growth > room) under a normal approximation: growth is what every sequence
 already there adds while this request runs (`RequestCost.inflight_growth_*`, releases ignored, so
 it errs high) plus this request's own reply; room is capacity minus what is used, queued and this
@@ -61,6 +64,7 @@ DEFAULT_HIGH_WATER = 0.9  # fraction of KV blocks a request's peak may fill up t
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default, when a backend reports capacity but no block size
 UNKNOWN_RISK = 0.5  # preemption risk of a backend whose KV capacity is unknown
 SLOW_START_SCALE = 4.0  # a backend not measured yet is taken as this much slower than the prior
+BOOTSTRAP_TPOTS = 8  # first tokens calibrate a backend's speed until this many TPOTs come in
 MAX_PREFILL_BUSY = 0.9  # prefill share of a backend's time beyond which TPOT is taken as 10x
 _SQRT2 = math.sqrt(2.0)
 
@@ -103,6 +107,8 @@ class Prediction:
     kv_read_tokens: float = 0.0  # KV tokens a decode step reads with this request there
     prefill_tokens_per_s: float = 0.0  # the backend's recent prefill load (uncached tokens/s)
     tpot_others_s: float = 0.0  # the TPOT of the sequences already there, with this request
+    tpot_idle_s: float = 0.0  # this backend's TPOT alone: one decode step reading no KV
+    prefill_busy_after: float = 0.0  # `prefill_busy` with this request's own prefill added
 
 
 class PrefillRate:
@@ -142,7 +148,7 @@ class BackendWork:
 
     __slots__ = ("rate", "_recent", "_recent_tokens", "_memory", "_context", "_inflight",
                  "_backlog", "_backlog_at", "_scrape_at", "_scrape_waiting", "_since_n",
-                 "_since", "_ahead")
+                 "_queue", "_queue_at")
 
     def __init__(self, tau_s: float = 5.0, memory: int = 256) -> None:
         if memory < 1:
@@ -156,12 +162,12 @@ class BackendWork:
         self._backlog = 0.0
         self._backlog_at = -math.inf
         # The last scrape read (`queued_tokens`): its time and waiting count, the dispatches
-        # since it (count, tokens) and the waiting queue's tokens as of it.
+        # since it, and the queue it implies: `_queue` tokens as of `_queue_at`.
         self._scrape_at = math.nan
         self._scrape_waiting = -1
         self._since_n = 0
-        self._since = 0.0
-        self._ahead = 0.0
+        self._queue = 0.0
+        self._queue_at = math.nan
 
     def backlog(self, now: float, tokens_per_s: float) -> float:
         """Uncached prompt tokens sent here and not yet prefilled, had the backend prefilled
@@ -183,7 +189,8 @@ class BackendWork:
         self._recent_tokens += uncached_tokens
         if now >= self._scrape_at:  # False while no scrape was read (NaN)
             self._since_n += 1
-            self._since += uncached_tokens
+            self._queue = self._drained(now, tokens_per_s) + uncached_tokens
+            self._queue_at = now
         self._context += context_tokens
         self._inflight += 1
 
@@ -205,24 +212,31 @@ class BackendWork:
         prefilled): the larger of two readings. The fluid backlog (`backlog`: what this gateway
         sent, including prompts a scrape shows as running mid-prefill); and the scrape's
         `waiting` queue, taken as the last prompts sent before it (FIFO; beyond `max_walk` of
-        them, at their mean; other gateways' requests count alike), less what the backend
-        prefilled since, plus every prompt dispatched since the scrape, in full until the next
-        scrape shows what became of them.
+        them, at their mean; other gateways' requests count alike), plus every prompt dispatched
+        since, each worked off at `tokens_per_s` from when it was sent.
+
+        Dispatches since the scrape drain like the rest: counting them in full until the next
+        scrape made every backend look busier the longer ago it was scraped, and as scrapes are
+        staggered, requests herded onto whichever backend had just been read.
 
         The record is walked once per scrape (its figures are then grown by each dispatch), so
         a decision costs O(1) however many came since."""
         if taken_at != self._scrape_at or waiting != self._scrape_waiting:
-            self._read_scrape(taken_at, waiting, max_walk)
-        drained = max(0.0, now - taken_at) * tokens_per_s
-        scraped = max(0.0, self._ahead - drained) + self._since
-        return self._since_n, max(scraped, self.backlog(now, tokens_per_s))
+            self._read_scrape(taken_at, waiting, tokens_per_s, max_walk)
+        return self._since_n, max(self._drained(now, tokens_per_s),
+                                  self.backlog(now, tokens_per_s))
 
-    def _read_scrape(self, taken_at: float, waiting: int, max_walk: int) -> None:
-        since_n, since, ahead, seen = 0, 0.0, 0.0, 0
+    def _drained(self, now: float, tokens_per_s: float) -> float:
+        """The scrape-anchored queue at `now` (never earlier than its last update)."""
+        return max(0.0, self._queue - max(0.0, now - self._queue_at) * tokens_per_s)
+
+    def _read_scrape(self, taken_at: float, waiting: int, tokens_per_s: float,
+                     max_walk: int) -> None:
+        since: list[tuple[float, int]] = []
+        ahead, seen = 0.0, 0
         for at, tokens in reversed(self._recent):
             if at >= taken_at:
-                since_n += 1
-                since += tokens
+                since.append((at, tokens))
                 continue
             if seen >= waiting or seen >= max_walk:
                 break
@@ -232,7 +246,10 @@ class BackendWork:
             mean = ahead / seen if seen else (self.mean_uncached() or 0.0)
             ahead += (waiting - seen) * mean
         self._scrape_at, self._scrape_waiting = taken_at, waiting
-        self._since_n, self._since, self._ahead = since_n, since, ahead
+        self._since_n, self._queue, self._queue_at = len(since), ahead, taken_at
+        for at, tokens in reversed(since):
+            self._queue = self._drained(at, tokens_per_s) + tokens
+            self._queue_at = at
 
 def predict(
     candidate: Candidate,
@@ -313,6 +330,7 @@ def predict(
     prefill_tokens = int(queued_tokens) + own_tokens
     load = work.rate.rate(now) if work is not None else 0.0
     busy = min(MAX_PREFILL_BUSY, max(0.0, load / tps))
+    busy_after = min(1.0, (work.rate.rate(now, own_tokens) if work is not None else 0.0) / tps)
     kv_before = (tpot_batch - 1) * per_seq
     kv_after = kv_before + cost.prompt_tokens + 0.5 * cost.output_mean
     tpot_s = profile.decode_step_s(kv_after) / (1.0 - busy)
@@ -325,7 +343,8 @@ def predict(
         ttft = queued_s + own_s + step_s
         return Prediction(queued_s, own_s, 0.0, step_s, ttft, UNKNOWN_RISK, True, False, None,
                           prefill_tokens, running, f"{source}: KV capacity unknown",
-                          tpot_batch, tpot_s, busy, before_s, kv_after, load, others_s)
+                          tpot_batch, tpot_s, busy, before_s, kv_after, load, others_s,
+                          profile.decode_base_s, busy_after)
 
     limit = high_water * capacity
     peak = cost.peak_blocks(block_size)
@@ -360,7 +379,8 @@ def predict(
     ttft = queued_s + own_s + kv_wait + step_s
     return Prediction(queued_s, own_s, kv_wait, step_s, ttft, risk, fits, oversized, room,
                       prefill_tokens, running, f"{source}: {verdict}", tpot_batch, tpot_s,
-                      busy, before_s, kv_after, load, others_s)
+                      busy, before_s, kv_after, load, others_s, profile.decode_base_s,
+                      busy_after)
 
 
 class ProfileEstimator:
@@ -395,6 +415,30 @@ class ProfileEstimator:
         self._zz = prior_weight * z * z  # decayed sums of model x model and model x observed
         self._zy = prior_weight * z * z * initial_scale
         self._profile: BackendProfile | None = None
+        self._tpots = 0  # TPOTs observed so far
+
+    def observe_ttft(self, prediction: Prediction, seconds: float) -> None:
+        """One request's dispatch-to-first-token time, with the prediction it was dispatched on.
+        Learned from only until `BOOTSTRAP_TPOTS` TPOTs have come in: a first token arrives
+        within a step or two of dispatch, a TPOT only when the reply ends (seconds later on a
+        slow card), so first tokens are what calibrate a backend the gateway has just met.
+        Later on, TTFTs carry queueing inside the engine (see the module docstring)."""
+        if self._tpots >= BOOTSTRAP_TPOTS or not seconds > 0.0:
+            return
+        p = self._prior
+        if prediction.kv_wait_s > 0.0 or not prediction.tpot_idle_s > 0.0:
+            return
+        # The prediction scales with the profile it was made with; its own scale is its base
+        # step over the prior's. Overhead is not scaled.
+        at_scale = prediction.tpot_idle_s / p.decode_base_s
+        z = (prediction.predicted_ttft_s - p.overhead_s) / at_scale
+        y = seconds - p.overhead_s
+        if not (z > 0.0 and y > 0.0 and math.isfinite(z)):
+            return
+        d = self._decay
+        self._zz = self._zz * d + z * z
+        self._zy = self._zy * d + z * y
+        self._profile = None
 
     def observe_tpot(self, kv_read_tokens: float, prefill_tokens_per_s: float,
                      seconds: float) -> None:
@@ -409,6 +453,7 @@ class ProfileEstimator:
         self._zz = self._zz * d + z * z
         self._zy = self._zy * d + z * seconds
         self._profile = None
+        self._tpots += 1
 
     @property
     def scale(self) -> float:

@@ -347,3 +347,22 @@ def test_a_backend_is_eased_in_until_its_replies_show_its_speed() -> None:
         d.finish(out, float(i), fast if out.backend_id == "b" else None)
     assert d.profile("b").prefill_tokens_per_s > 2 * d.profile("a").prefill_tokens_per_s
     assert placed(d.submit(job("next"), 40.0)).backend_id == "b"
+
+
+def test_first_tokens_show_a_backends_speed_long_before_its_replies_end() -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000), b=(100_000, 100_000)))
+    for i in range(8):  # nothing finishes; b's first tokens come fast, a's not at all
+        out = placed(d.submit(job(f"r{i}"), float(i)))
+        if out.backend_id == "b":
+            d.first_token(out, float(i) + 0.01)
+    assert d.profile("b").prefill_tokens_per_s > 2 * d.profile("a").prefill_tokens_per_s
+    assert placed(d.submit(job("next"), 10.0)).backend_id == "b"
+
+
+def test_a_first_token_after_the_attempt_finished_teaches_nothing() -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000)))
+    out = placed(d.submit(job("r"), 0.0))
+    before = d.profile("a")
+    d.finish(out, 0.5)
+    d.first_token(out, 0.6)
+    assert d.profile("a") == before

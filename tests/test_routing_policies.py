@@ -58,7 +58,8 @@ def test_bad_weights_fail_at_construction(name: str, weights: dict[str, float],
 
 
 def test_scorer_names_list_what_each_policy_can_weigh() -> None:
-    assert scorer_names("cost") == ("goodput", "preemption", "prefix", "session", "ttft")
+    assert scorer_names("cost") == (
+        "goodput", "preemption", "prefill_load", "prefix", "session", "ttft")
     assert scorer_names("kv_util") == ("kv_cache", "prefix", "queue")
     assert scorer_names("round_robin") == ()
 

@@ -21,6 +21,7 @@ from routing.scorers import (
     LeastRequestScorer,
     PowerOfTwoPicker,
     PreemptionScorer,
+    PrefillLoadScorer,
     PrefixAffinityScorer,
     PrefixHashScorer,
     QueueScorer,
@@ -29,7 +30,7 @@ from routing.scorers import (
     TtftScorer,
 )
 from routing.state import BackendSnapshot, BackendSpec, Candidate
-from routing.ttft import BackendProfile, Prediction, predict
+from routing.ttft import BackendProfile, BackendWork, Prediction, predict
 
 PROFILE = BackendProfile()
 TOTAL = 1000
@@ -129,6 +130,31 @@ def test_preemption_scorer_is_one_minus_the_risk() -> None:
     fake = Prediction(0, 0, 0, 0, 0.01, 0.3, True, False, 100, 0, 0, "x")
     ctx = RouteContext(cost=cost(), predictions={"a": fake})
     assert PreemptionScorer().score(routed(ctx), pool[0]) == pytest.approx(0.7)
+
+
+@pytest.mark.parametrize(
+    ("sent_per_s", "prompt", "score"),
+    [(0, 0, 1.0), (15_000, 0, 0.5), (15_000, 75_000, 0.0), (60_000, 0, 0.0)],
+    ids=["nothing sent: all of its time is left to decoding",
+         "prompts at half its prefill speed leave half",
+         "this prompt's own prefill counts too (75,000 tokens over the 5 s window)",
+         "more prefill than it can do leaves nothing, never below 0"],
+)
+def test_prefill_load_scorer_is_the_time_recent_prefills_leave_to_decoding(
+    sent_per_s: int, prompt: int, score: float
+) -> None:
+    work = BackendWork(tau_s=5.0)
+    work.dispatched(0.0, 5 * sent_per_s, 0.0, tokens_per_s=1e9)  # one dispatch at t = 0
+    pred = predict(cand("a"), cost(prompt=max(1, prompt)), 0,
+                   BackendProfile(prefill_tokens_per_s=30_000.0), work=work, now=0.0)
+    ctx = RouteContext(cost=cost(), predictions={"a": pred})
+    # At t = 0 the rate is what was sent over the 5 s window: sent_per_s.
+    assert PrefillLoadScorer().score(routed(ctx), cand("a")) == pytest.approx(
+        score, abs=1e-4)
+
+
+def test_prefill_load_scorer_without_a_prediction_scores_zero() -> None:
+    assert PrefillLoadScorer().score(routed(None), cand("a")) == 0.0
 
 
 def tpot_pred(after_ms: float, before_ms: float, batch: int, *, others_ms: float | None = None,

@@ -11,6 +11,7 @@ import pytest
 from routing.cost import RequestCost
 from routing.state import BackendSnapshot, BackendSpec, Candidate
 from routing.ttft import (
+    BOOTSTRAP_TPOTS,
     MAX_PREFILL_BUSY,
     SLOW_START_SCALE,
     UNKNOWN_RISK,
@@ -264,11 +265,46 @@ def test_profile_estimator_learns_the_backends_speed_relative_to_the_prior_from_
 
 
 def test_queueing_inside_the_engine_never_reads_as_slow_prefill() -> None:
-    # TTFTs are not learned from: only TPOTs, which a queue ahead does not lengthen.
+    # Speed is learned from TPOTs, which a queue ahead does not lengthen.
     est = ProfileEstimator(PROFILE, initial_scale=1.0)
     for _ in range(100):
         est.observe_tpot(50_000.0, 0.0, tpot_of(PROFILE, 50_000.0, 0.0))
     assert est.profile().prefill_tokens_per_s == pytest.approx(10_000.0, rel=1e-6)
+
+
+def scaled(scale: float) -> BackendProfile:
+    """The prior profile run `scale` times slower."""
+    return BackendProfile(PROFILE.prefill_tokens_per_s / scale, PROFILE.overhead_s,
+                          PROFILE.decode_base_s * scale, PROFILE.decode_per_kv_token_s * scale)
+
+
+@pytest.mark.parametrize("truth", [1.0, 2.0], ids=["as fast as the prior", "twice slower"])
+def test_first_tokens_calibrate_a_new_backend_before_any_reply_ends(truth: float) -> None:
+    est = ProfileEstimator(PROFILE)
+    request = backend(snapshot(running=4))
+    for _ in range(BOOTSTRAP_TPOTS):
+        pred = predict(request, cost(), 0, est.profile())
+        est.observe_ttft(pred, predict(request, cost(), 0, scaled(truth)).predicted_ttft_s)
+    # From the slow start (4x) to within 10% of the truth, with no reply finished.
+    assert est.scale == pytest.approx(truth, rel=0.1)
+
+
+def test_once_replies_show_the_speed_ttfts_no_longer_count() -> None:
+    est = ProfileEstimator(PROFILE, initial_scale=1.0)
+    for _ in range(BOOTSTRAP_TPOTS):
+        est.observe_tpot(50_000.0, 0.0, tpot_of(PROFILE, 50_000.0, 0.0))
+    before = est.scale
+    queued = predict(backend(snapshot()), cost(), 0, est.profile())
+    est.observe_ttft(queued, 10.0)  # a first token 10 s late: queueing, not a slow card
+    assert est.scale == before
+
+
+def test_a_ttft_predicted_with_a_kv_wait_teaches_nothing() -> None:
+    est = ProfileEstimator(PROFILE)
+    full = predict(backend(snapshot(free=50, running=10)), cost(), 0, est.profile())
+    assert full.kv_wait_s > 0.0
+    est.observe_ttft(full, 0.001)
+    assert est.scale == pytest.approx(SLOW_START_SCALE)
 
 
 def test_nonsense_tpots_keep_the_speed_within_bounds() -> None:
@@ -327,6 +363,29 @@ def test_the_fluid_backlog_covers_prompts_a_scrape_shows_running_mid_prefill() -
     # The scrape at 0.5 saw it running (waiting 0); at 1000 tokens/s 9,000 remain at 1.0.
     assert work.queued_tokens(0.5, 0, 1.0, 1000.0)[1] == pytest.approx(9000.0)
     assert work.backlog(20.0, 1000.0) == 0.0
+
+
+def test_prompts_sent_since_the_scrape_are_worked_off_from_when_each_was_sent() -> None:
+    work = BackendWork()
+    for t in (0.05, 0.10, 0.15):  # scrape at 0.0 showed nothing waiting; 1,000 tokens each
+        work.dispatched(t, 1000, 0.0, tokens_per_s=10_000.0)
+    # At 10,000 tokens/s each takes 0.1 s, so they queue: 2,000 tokens at 0.15, less 500 by
+    # 0.2; all done by 0.35.
+    assert work.queued_tokens(0.0, 0, 0.2, 10_000.0) == (3, pytest.approx(1500.0))
+    assert work.queued_tokens(0.0, 0, 0.4, 10_000.0) == (3, 0.0)
+
+
+def test_how_long_ago_a_backend_was_scraped_does_not_make_it_look_busier() -> None:
+    # Two backends sent the same prompts at the same times, scraped at different instants with
+    # nothing waiting: the same queue now. (Counting prompts sent since the scrape in full made
+    # the one scraped longer ago look busier, herding requests onto the one just scraped.)
+    early, late = BackendWork(), BackendWork()
+    for work in (early, late):
+        for t in (0.02, 0.06, 0.10, 0.14, 0.18, 0.22):
+            work.dispatched(t, 600, 0.0, tokens_per_s=30_000.0)
+    scraped_early = early.queued_tokens(0.0, 0, 0.24, 30_000.0)[1]
+    scraped_late = late.queued_tokens(0.20, 0, 0.24, 30_000.0)[1]
+    assert scraped_early == pytest.approx(scraped_late)
 
 
 def test_the_context_of_requests_in_flight_is_averaged_until_they_finish() -> None:

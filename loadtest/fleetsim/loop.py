@@ -291,7 +291,10 @@ class _Run:
         touched: list[_Replica] = []
         for ev in result.events:
             if ev.token_index == 0:
-                first[index_of[ev.request_id]] = now
+                i = index_of[ev.request_id]
+                first[i] = now
+                self.replicas[i % len(self.replicas)].dispatcher.first_token(
+                    self.dispatches[i], now)
             if ev.finish_reason is not None:
                 i = index_of.pop(ev.request_id)
                 self.end[i] = now
