@@ -207,23 +207,25 @@ class Limits:
 class _Ctx:
     """What a kind draws from while it builds one session."""
 
-    def __init__(self, rng: random.Random, tags: UniqueTags, limits: Limits) -> None:
+    def __init__(self, rng: random.Random, tags: UniqueTags, limits: Limits,
+                 session: int = 0) -> None:
         self.rng = rng
         self.tags = tags
         self.limits = limits
+        self.session = session  # the session's number in its stream, stamped on its requests
 
     def unique(self, role: str, tokens: int) -> Segment:
         return segment(role, self.tags.unique(), self.rng.randrange(FILLER_WORDS), tokens)
 
     def item(self, at: float, kind: str, segments: Sequence[Segment], natural: int, cap: int,
-             group: str | None) -> WorkItem | None:
+             group: str | None, conversation: str | None = None) -> WorkItem | None:
         """A request, its cap cut to the context left; None when too little is left."""
         room = self.limits.max_context - prompt_tokens(segments)
         max_tokens = min(cap, room)
         if max_tokens < _MIN_MAX_TOKENS:
             return None
         return WorkItem(at, kind, tuple(segments), max(1, min(natural, max_tokens)), max_tokens,
-                        group)
+                        group, conversation, self.session)
 
 
 SessionFn = Callable[[_Ctx], list[WorkItem]]
@@ -265,10 +267,11 @@ def _multi_turn(ctx: _Ctx) -> list[WorkItem]:
     at = 0.0
     for _ in range(rng.randint(2, 8)):
         history.append(ctx.unique(USER, _lognormal(rng, 120, 0.8, 4, 2000)))
-        item = ctx.item(at, "multi-turn", history, _lognormal(rng, 220, 0.8, 1, 2048), 1024, group)
+        item = ctx.item(at, "multi-turn", history, _lognormal(rng, 220, 0.8, 1, 2048), 1024, group,
+                        group)
         if item is None:
             break
-        items.append(replace(item, conversation=group))
+        items.append(item)
         history.append(ctx.unique(ASSISTANT, item.output_tokens))
         at += 4.0 + rng.expovariate(1.0 / 20.0)
     return items
@@ -293,9 +296,9 @@ def _agents(ctx: _Ctx) -> list[WorkItem]:
     for _ in range(rng.randint(4, 12)):
         tool = ctx.unique(USER, rng.randint(200, 600))
         item = ctx.item(at, "agents", [context, tool], _lognormal(rng, 30, 0.5, 1, 512), 128,
-                        group)
+                        group, group)
         if item is not None:
-            items.append(replace(item, conversation=group))
+            items.append(item)
         at += rng.expovariate(1.0 / 0.25)
     return items
 
@@ -359,9 +362,10 @@ class SessionSource:
         fn = self.spec.kinds[index][1]
         session = self.sessions
         self.sessions += 1
-        items = fn(_Ctx(rng, self._tags, self.spec.limits))
-        return [WorkItem(i.arrival_s, i.kind, i.segments, i.output_tokens, i.max_tokens,
-                         i.prefix_group, i.conversation, session) for i in items]
+        items = fn(_Ctx(rng, self._tags, self.spec.limits, session))
+        # `_Ctx.item` stamps the session number; a kind that builds its requests otherwise
+        # gets it here.
+        return [i if i.session == session else replace(i, session=session) for i in items]
 
 
 @functools.lru_cache(maxsize=32)

@@ -16,8 +16,9 @@ have freed (after `finish`, after a scrape) and at `next_deadline(now)`.
 `finish` releases the lease exactly once and feeds back what the backend reported: the cost
 model's prompt calibration and output-length distribution, and the backend's speed (learned from
 the reply's TPOT); `first_token`, called when a streamed reply's first token arrives, calibrates a
-backend the gateway has only just met. Each backend's `BackendWork` (routing/ttft.py) records what this gateway sent
-it: prompts not yet prefilled, recent prefill load, the context of its requests in flight.
+backend the gateway has only just met. Each backend's `BackendWork` (routing/ttft.py) records
+what this gateway sent it: prompts not yet prefilled, recent prefill load, the context of its
+requests in flight.
 
 Rules
 - With `admission` on, only admissible backends are offered to the router, whatever the policy:

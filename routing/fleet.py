@@ -39,6 +39,11 @@ class _Backend:
     healthy: bool = False
     failures: int = 0  # consecutive
     ledger: Ledger = field(default_factory=Ledger)
+    # The last Candidate built and the ledger version it read: a Candidate is a pure function of
+    # the spec, health, snapshot, staleness and ledger, and between two decisions most backends
+    # change none of them, so the next decision reuses it (building one costs more than checking).
+    view: Candidate | None = None
+    view_version: int = -1
 
 
 class Fleet:
@@ -78,7 +83,10 @@ class Fleet:
         self._backends[backend_id].discovered_models = tuple(models)
 
     def models_of(self, backend_id: str) -> tuple[str, ...]:
-        backend = self._backends[backend_id]
+        return self._models(self._backends[backend_id])
+
+    @staticmethod
+    def _models(backend: _Backend) -> tuple[str, ...]:
         if backend.discovered_models is not None:
             return backend.discovered_models
         if backend.spec.models:
@@ -137,20 +145,28 @@ class Fleet:
     def _candidate(self, backend: _Backend, now: float) -> Candidate:
         ledger = backend.ledger
         snapshot = backend.snapshot
+        # snapshot.is_stale, inlined: this runs for every backend at every decision.
+        stale = snapshot is None or now - snapshot.taken_at > self.max_snapshot_age
+        view = backend.view
+        if (view is not None and view.snapshot is snapshot and view.stale == stale
+                and view.healthy == backend.healthy and backend.view_version == ledger.version):
+            return view
         inflight, reserved = ledger.inflight, ledger.reserved_blocks
         if snapshot is None:
-            return Candidate(backend.spec, backend.healthy, None, True, inflight, reserved,
+            view = Candidate(backend.spec, backend.healthy, None, True, inflight, reserved,
                              inflight, reserved)
-        since, blocks = ledger.since(snapshot.taken_at)
-        return Candidate(backend.spec, backend.healthy, snapshot,
-                         now - snapshot.taken_at > self.max_snapshot_age,  # snapshot.is_stale
-                         inflight, reserved, since, blocks)
+        else:
+            since, blocks = ledger.since(snapshot.taken_at)
+            view = Candidate(backend.spec, backend.healthy, snapshot, stale, inflight, reserved,
+                             since, blocks)
+        backend.view, backend.view_version = view, ledger.version
+        return view
 
     def candidates(self, model: str | None, now: float) -> list[Candidate]:
         """Healthy backends serving `model` (any model when None), in configuration order."""
         out: list[Candidate] = []
         for backend in self._backends.values():  # configuration order
-            if backend.healthy and (model is None or model in self.models_of(backend.spec.id)):
+            if backend.healthy and (model is None or model in self._models(backend)):
                 out.append(self._candidate(backend, now))
         return out
 

@@ -28,12 +28,13 @@ class _Entry:
 
 
 class Ledger:
-    __slots__ = ("_entries", "_reserved", "_tickets")
+    __slots__ = ("_entries", "_reserved", "_tickets", "_version")
 
     def __init__(self) -> None:
         self._entries: dict[int, _Entry] = {}  # by ticket, in dispatch order
         self._reserved = 0
         self._tickets = itertools.count()
+        self._version = 0
 
     @property
     def inflight(self) -> int:
@@ -43,12 +44,19 @@ class Ledger:
     def reserved_blocks(self) -> int:
         return self._reserved
 
+    @property
+    def version(self) -> int:
+        """Counts the changes (open, resize, close): every figure read from the ledger holds
+        until it moves, so a reader may keep what it derived from them until then."""
+        return self._version
+
     def open(self, now: float, blocks: int) -> int:
         """Records a dispatch; returns the ticket that `resize` and `close` take."""
         _check_blocks(blocks)
         ticket = next(self._tickets)
         self._entries[ticket] = _Entry(now, blocks)
         self._reserved += blocks
+        self._version += 1
         return ticket
 
     def resize(self, ticket: int, blocks: int) -> None:
@@ -56,9 +64,11 @@ class Ledger:
         entry = self._entries[ticket]
         self._reserved += blocks - entry.blocks
         entry.blocks = blocks
+        self._version += 1
 
     def close(self, ticket: int) -> None:
         self._reserved -= self._entries.pop(ticket).blocks
+        self._version += 1
 
     def since(self, t: float) -> tuple[int, int]:
         """(requests, blocks) dispatched at or after `t` and still in flight."""

@@ -34,7 +34,6 @@ from zlib import adler32, crc32
 
 DEFAULT_BLOCK_CHARS = 256
 DEFAULT_MAX_BLOCKS = 128  # the first 32k characters decide affinity; hashing more costs time
-_NOBODY: frozenset[str] = frozenset()
 
 
 def _int64(digest: bytes) -> int:
@@ -118,21 +117,44 @@ class PrefixIndex:
             raise ValueError("blocks_per_backend must be >= 1")
         self._cap = blocks_per_backend
         self._lru: dict[str, OrderedDict[int, None]] = {}
-        # Owners of each block. Immutable sets, replaced on change: most blocks have one owner,
-        # and sharing each backend's singleton spares a set per recorded block.
-        self._holders: dict[int, frozenset[str]] = {}
-        self._singletons: dict[str, frozenset[str]] = {}
+        # Owners of each block, as a bit mask over backends: every record and eviction updates
+        # it, and a small int is built, tested and combined far faster than a set of ids. Each
+        # backend with entries has a bit; a forgotten backend's bit is cleared everywhere and
+        # handed to the next newcomer, so masks stay as wide as the live fleet.
+        self._holders: dict[int, int] = {}
+        self._bits: dict[str, int] = {}  # backend id -> its bit (a power of two)
+        self._ids: dict[int, str] = {}  # and back
+        self._spare_bits: list[int] = []
+        self._next_bit = 1
 
     def __len__(self) -> int:
         return sum(len(lru) for lru in self._lru.values())
+
+    def _bit(self, backend_id: str) -> int:
+        bit = self._bits.get(backend_id)
+        if bit is None:
+            if self._spare_bits:
+                bit = self._spare_bits.pop()
+            else:
+                bit, self._next_bit = self._next_bit, self._next_bit << 1
+            self._bits[backend_id] = bit
+            self._ids[bit] = backend_id
+        return bit
+
+    def _owners(self, mask: int) -> list[str]:
+        """The backend ids of the bits set in `mask`."""
+        ids: list[str] = []
+        while mask:
+            bit = mask & -mask  # the lowest set bit
+            ids.append(self._ids[bit])
+            mask ^= bit
+        return ids
 
     def record(self, backend_id: str, chain: PrefixChain) -> None:
         lru = self._lru.get(backend_id)
         if lru is None:
             lru = self._lru[backend_id] = OrderedDict()
-        mine = self._singletons.get(backend_id)
-        if mine is None:
-            mine = self._singletons[backend_id] = frozenset((backend_id,))
+        mine = self._bit(backend_id)
         holders = self._holders
         move, owners_of = lru.move_to_end, holders.get
         # Deepest block first, so the leading blocks are the most recent and evicted last: losing
@@ -142,32 +164,33 @@ class PrefixIndex:
                 move(h)
             else:
                 lru[h] = None
-                owners = owners_of(h)
-                holders[h] = mine if owners is None else owners | mine
+                holders[h] = owners_of(h, 0) | mine
         excess = len(lru) - self._cap
         if excess > 0:
-            evict = lru.popitem
+            evict, others = lru.popitem, ~mine
             for _ in range(excess):
                 old = evict(False)[0]
-                owners = holders[old]  # every block in a backend's LRU names it as an owner
-                if len(owners) == 1:
-                    del holders[old]
+                owners = holders[old] & others  # every block in a backend's LRU names it
+                if owners:
+                    holders[old] = owners
                 else:
-                    holders[old] = owners - mine
-
-    def _drop_holder(self, h: int, mine: frozenset[str]) -> None:
-        owners = self._holders[h]  # every block in a backend's LRU names it as an owner
-        if len(owners) == 1:
-            del self._holders[h]
-        else:
-            self._holders[h] = owners - mine
+                    del holders[old]
 
     def forget(self, backend_id: str) -> None:
         """Drop a backend's entries (it restarted, or left the fleet: its cache is gone)."""
         lru = self._lru.pop(backend_id, None)
-        mine = frozenset((backend_id,))
+        bit = self._bits.pop(backend_id, None)
+        if bit is None:
+            return
+        holders, others = self._holders, ~bit
         for h in lru or ():
-            self._drop_holder(h, mine)
+            owners = holders[h] & others  # every block in a backend's LRU names it
+            if owners:
+                holders[h] = owners
+            else:
+                del holders[h]
+        del self._ids[bit]
+        self._spare_bits.append(bit)
 
     def matched_blocks(self, backend_id: str, chain: PrefixChain) -> int:
         lru = self._lru.get(backend_id)
@@ -185,19 +208,19 @@ class PrefixIndex:
         result: dict[str, int] = {}
         blocks = chain.blocks
         owners_of = self._holders.get
-        if not blocks or not (first := owners_of(blocks[0])):
+        if not blocks or not (alive := owners_of(blocks[0], 0)):
             return result
-        alive = set(first)  # backends holding every block so far
+        # `alive`: the backends holding every block so far.
         for depth in range(1, len(blocks)):
-            owners = owners_of(blocks[depth], _NOBODY)
-            if alive <= owners:
+            gone = alive & ~owners_of(blocks[depth], 0)
+            if not gone:
                 continue
-            for gone in alive - owners:
-                result[gone] = depth
-            alive &= owners
+            for backend_id in self._owners(gone):
+                result[backend_id] = depth
+            alive ^= gone
             if not alive:
                 return result
-        for backend_id in alive:
+        for backend_id in self._owners(alive):
             result[backend_id] = len(blocks)
         return result
 

@@ -56,6 +56,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from routing.cost import RequestCost
 from routing.state import Candidate
@@ -84,9 +85,10 @@ class BackendProfile:
         return self.decode_base_s + self.decode_per_kv_token_s * kv_tokens
 
 
-@dataclass(frozen=True, slots=True)
-class Prediction:
-    """One candidate's predicted TTFT and its breakdown (seconds), for scoring and for display."""
+class Prediction(NamedTuple):
+    """One candidate's predicted TTFT and its breakdown (seconds), for scoring and for display.
+    A NamedTuple, not a frozen dataclass: every decision builds one per candidate, and a frozen
+    dataclass sets its 21 fields one by one (~6 µs against ~1 µs)."""
 
     queued_prefill_s: float
     own_prefill_s: float

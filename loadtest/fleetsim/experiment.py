@@ -18,7 +18,7 @@ from typing import Any
 
 from loadtest.fleetsim.backends import FleetSpec
 from loadtest.fleetsim.capacity import preset_capacity, workload_requests
-from loadtest.fleetsim.loop import RunOutcome, SimConfig, simulate
+from loadtest.fleetsim.loop import RunOutcome, SimConfig, cycle_collector_paused, simulate
 from loadtest.fleetsim.results import Slo, Spread, Summary, spread, summarize
 from loadtest.workloads import WorkItem, Workload, schedule
 from routing.dispatch import DispatchConfig
@@ -160,7 +160,8 @@ def measure_capacity(experiment: Experiment, seed: int) -> float:
     per_preset: dict[str, float] = {}
     for preset in experiment.fleet.presets:
         if preset.name not in per_preset:
-            per_preset[preset.name] = preset_capacity(preset, requests)
+            with cycle_collector_paused():
+                per_preset[preset.name] = preset_capacity(preset, requests)
     return sum(per_preset[p.name] for p in experiment.fleet.presets)
 
 
@@ -180,7 +181,8 @@ def run_one(experiment: Experiment, rate: float | None, seed: int, contender: Co
             ) -> Run:
     """One contender's run at one load level and seed (the schedule is regenerated: it is a pure
     function of the experiment, the rate and the seed)."""
-    items, window = _schedule(experiment, rate, seed)
+    with cycle_collector_paused():
+        items, window = _schedule(experiment, rate, seed)
     config = SimConfig(
         policy=contender.policy, admission=contender.admission,
         scrape_interval_s=experiment.scrape_interval_s,

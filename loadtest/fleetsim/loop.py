@@ -23,10 +23,12 @@ the seed alone, so every policy sees the same scrape instants.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -384,5 +386,23 @@ def simulate(items: Sequence[WorkItem], fleet: FleetSpec, config: SimConfig, *,
     arrival window (the load-imbalance samples cover it). Runs until every request completed or
     was rejected."""
     run = _Run(items, fleet, config, duration_s)
-    run.run()
+    with cycle_collector_paused():
+        run.run()
     return run.outcome()
+
+
+@contextmanager
+def cycle_collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector (nests). A simulation allocates millions of
+    short-lived, acyclic objects (events, steps, snapshots, decisions, requests), which reference
+    counting frees; their allocation still triggers collections that walk the young objects, and
+    the full ones walk everything the run holds, finding nothing: about a tenth of the run's time,
+    and caches flushed. Nothing here forms reference cycles (peak memory is the same with the
+    collector paused)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
