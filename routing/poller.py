@@ -18,7 +18,9 @@ interval and reports into the Fleet.
   input and configuration, same values). A real server's payload changes at every scrape (its
   process CPU, GC counters), but an idle backend's load series do not, so an idle fleet costs
   a cut-out of its series per scrape, not a parse. A busy backend's payload is parsed, but only
-  the series that changed (a `GroupCache` per backend keeps the others' samples).
+  the series that changed (a `GroupCache` per backend keeps the others' samples). A scrape that
+  yields a snapshot with nothing else to handle (no filter to drop) ends in `_scraped`, the
+  bookkeeping of `_end` in fewer steps.
 - Each scrape has its own deadline (`timeout`) covering connect, response and body. Its snapshot
   is taken at the moment the request is sent: a dispatch after that instant may be missing from
   it, and the Fleet counts such dispatches against it.
@@ -215,23 +217,24 @@ class Poller:
     def _tick(self, group: _Group) -> None:
         loop = asyncio.get_running_loop()
         k = group.k
+        now = loop.time()  # the group's scrapes start in the same instant
         for backend in group.members:
             if not backend.busy and backend.next_k <= k:
-                self._start(backend, k, loop)
+                self._start(backend, k, now + self._timeout)
         # The next grid point still ahead: a tick that came late skips the ones it overran.
         behind = math.floor((loop.time() - group.first) / self._interval)
         group.k = max(k + 1, behind + 1)
         group.timer = loop.call_at(group.first + group.k * self._interval, self._tick, group)
 
-    def _start(self, backend: _Backend, k: int, loop: asyncio.AbstractEventLoop) -> None:
+    def _start(self, backend: _Backend, k: int, deadline: float) -> None:
         backend.busy = True
         backend.started_k = k
         backend.was_healthy = self._fleet.is_healthy(backend.spec.id)
         backend.taken_at = self._clock()
-        backend.deadline = loop.time() + self._timeout
-        backend.fetching = backend.path
+        backend.deadline = deadline
+        backend.fetching = path = backend.path
         try:
-            backend.client.fetch(backend.path, self._timeout, backend.on_metrics)
+            backend.client.fetch(path, self._timeout, backend.on_metrics)
         except Exception as exc:  # a bug, not the backend: logged, and the group goes on
             self._end(backend, exc)
 
@@ -313,6 +316,9 @@ class Poller:
 
     def _end(self, backend: _Backend, outcome: BackendSnapshot | Exception) -> None:
         """Reports the scrape, then sets the backend's next grid point."""
+        if backend.suspect is None and isinstance(outcome, BackendSnapshot):
+            self._scraped(backend, outcome)
+            return
         spec = backend.spec
         try:
             suspect, backend.suspect = backend.suspect, None
@@ -346,6 +352,25 @@ class Poller:
             now = asyncio.get_running_loop().time()
             due = max(backend.first + backend.started_k * self._interval + delay, now)
             backend.next_k = math.ceil((due - backend.first) / self._interval - 1e-9)
+
+    def _scraped(self, backend: _Backend, snapshot: BackendSnapshot) -> None:
+        """`_end` for a snapshot when no filtered answer failed in this scrape: the path of
+        nearly every scrape, in fewer steps."""
+        spec = backend.spec
+        try:
+            self._fleet.record_scrape(spec.id, snapshot)  # which resets the failures in a row
+            self.scrapes_ok += 1
+            if backend.fetching != METRICS_PATH:
+                self.scrapes_filtered += 1
+            if not backend.was_healthy:
+                log.info("backend %s (%s) answers its metrics: healthy", spec.id, spec.url)
+        finally:
+            backend.busy = False
+            k = backend.started_k + 1  # the next grid point, unless the scrape overran it
+            now = asyncio.get_running_loop().time()
+            if now > backend.first + k * self._interval:
+                k = math.ceil((now - backend.first) / self._interval - 1e-9)
+            backend.next_k = k
 
     def _failed(self, backend: _Backend, exc: Exception) -> None:
         spec = backend.spec

@@ -144,16 +144,19 @@ class KeepAliveClient:
 
     def fetch(self, path: str, timeout: float, done: Done) -> None:
         conn = self._conn
-        if self._connecting is not None or (conn is not None and conn.busy):
-            raise RuntimeError("a request is already in flight on this client")
-        loop = asyncio.get_running_loop()
+        # A reusable connection has no exchange in flight, and none is being opened.
+        if conn is None or not conn.reusable:
+            if self._connecting is not None or (conn is not None and conn.busy):
+                raise RuntimeError("a request is already in flight on this client")
         request = self._requests.get(path)
         if request is None:
             request = self._requests[path] = self._build(path)
-        self._request, self._deadline, self._done = request, loop.time() + timeout, done
+        loop = conn.loop if conn is not None else asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        self._request, self._deadline, self._done = request, deadline, done
         if conn is not None and conn.reusable:
             # A stale connection (closed by the server while idle) is retried once, on a new one.
-            conn.send(request, self._deadline, self._max_body, done, self._retry)
+            conn.send(request, deadline, self._max_body, done, self._retry)
         else:
             self._connecting = loop.create_task(self._connect_and_send())
 
@@ -222,7 +225,7 @@ class _Connection(asyncio.Protocol):
     """One TCP connection and the exchange in progress on it."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.loop = loop
         self._transport: asyncio.Transport | None = None
         self._reader: ResponseReader | None = None
         self._done: Done | None = None
@@ -280,13 +283,21 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         reader = self._reader
         if reader is None:
-            if self._done is None:
+            done = self._done
+            if done is None:
                 self._end(None, keep=False)  # unasked-for bytes: the stream cannot be trusted
                 return
             self._answered = True
             body = whole_ok_body(data, self._max_body)  # the common case, in a few steps
             if body is not None:
-                self._end(body, keep=True)
+                transport = self._transport
+                if transport is not None and not transport.is_closing():
+                    # `_end(body, keep=True)`, inlined: the path of nearly every scrape
+                    self._done = self._retry = None
+                    self.reusable = True
+                    done(body)
+                else:
+                    self._end(body, keep=True)
                 return
             reader = self._reader = ResponseReader(self._max_body)
         try:
@@ -332,13 +343,13 @@ class _Connection(asyncio.Protocol):
     def _arm(self, when: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer, self._timer_at = self._loop.call_at(when, self._check_deadline), when
+        self._timer, self._timer_at = self.loop.call_at(when, self._check_deadline), when
 
     def _check_deadline(self) -> None:
         self._timer = None
         if self._done is None:
             return  # idle: the next request arms a timer
-        if self._loop.time() >= self._deadline - _TIMER_SLACK:
+        if self.loop.time() >= self._deadline - _TIMER_SLACK:
             self._end(ScrapeTimeout("no complete answer within the timeout"), keep=False)
         else:  # armed for an earlier request: now for this one's deadline
             self._arm(self._deadline)

@@ -9,7 +9,6 @@ import pytest
 
 from routing.metrics import MetricsError, detect_family, parse_metrics, parse_slots, with_slots
 from routing.metrics import vllm as vllm_format
-from routing.metrics.prom import parse_groups
 from routing.state import BackendSnapshot
 
 TRTLLM = """\
@@ -310,7 +309,7 @@ def test_slots_that_are_not_slots_are_an_error(body: bytes) -> None:
     ],
 )
 def test_llm_d_inference_sim_is_told_from_vllm(text: str, simulator: bool) -> None:
-    assert vllm_format.is_simulator(parse_groups(vllm_format.read(text.encode()))) is simulator
+    assert vllm_format.is_simulator(vllm_format.read(text.encode())) is simulator
 
 
 def test_vllm_prefers_the_current_usage_name_over_the_deprecated_one() -> None:

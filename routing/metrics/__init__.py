@@ -13,7 +13,8 @@ previous snapshot is the answer and the second step can be skipped.
 One module per server format; `prom` is the shared text reader. Each format module lists the
 series it reads in the server's payload order (`NAMES`, and `TAIL` for those at the very end),
 so that a current payload is crossed about once; names only older server versions write are
-searched for only when the current ones are missing.
+searched for only when the current ones are missing. A small payload is read in one regex pass
+instead (`scan.SeriesReader`), with the same result.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ _READERS: dict[str, Callable[[bytes], Groups]] = {
     "trtllm": trtllm.read,
     "llamacpp": llamacpp.read,
 }
+
+# Formats whose `build` reads some groups from their bytes only: the groups it parses.
+_PARSED = {"vllm": vllm.PARSED, "vllm-v0": vllm.PARSED}
 
 
 class Reading(NamedTuple):
@@ -99,10 +103,11 @@ def snapshot_of(
     """The snapshot of a reading (see `parse_metrics`). Raises MetricsError when the series the
     format needs are missing. `cache`: the groups parsed from the same server's last reading
     (routing/metrics/prom.py), so that only the groups that changed are parsed again."""
-    samples = parse_groups(reading.groups, cache)
     family = reading.family
+    samples = parse_groups(reading.groups, cache, _PARSED.get(family))
     if family in ("vllm", "vllm-v0"):
-        return vllm.build(samples, taken_at=taken_at, variant=reading.format)
+        return vllm.build(
+            samples, taken_at=taken_at, variant=reading.format, groups=reading.groups)
     if family == "sglang":
         return sglang.build(samples, taken_at=taken_at)
     if family == "tgi":

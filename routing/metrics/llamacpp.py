@@ -24,10 +24,10 @@ from routing.metrics.prom import (
     MetricsError,
     Samples,
     count,
-    read_groups,
     total,
     unit_fraction,
 )
+from routing.metrics.scan import SeriesReader
 from routing.state import BackendSnapshot
 
 PROCESSING = "llamacpp:requests_processing"
@@ -39,9 +39,11 @@ PROMPT_TOKENS_CACHED = "llamacpp:prompt_tokens_cached_total"
 # In the order llama-server writes them; the usage ratio only older builds write comes last.
 NAMES = (PROMPT_TOKENS, PROMPT_TOKENS_CACHED, PROCESSING, DEFERRED, KV_USAGE_RATIO)
 
+_READER = SeriesReader(NAMES)
+
 
 def read(payload: bytes) -> Groups:
-    return read_groups(payload, NAMES)
+    return _READER.read(payload)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -5,7 +5,9 @@ reads (vLLM: ~500 lines, TGI: ~2,000), and it is scraped several times a second 
 the reader never walks the payload line by line in Python: for each wanted sample name it jumps
 with `bytes.find` (C speed, on the payload as it came off the wire, undecoded) to the first line
 that starts with the name, then takes that line and the lines right after it while they are
-samples of the same series: the name's group. Only the groups are decoded and parsed.
+samples of the same series: the name's group. Only the groups are decoded and parsed. (A small
+payload, such as a filtered answer of ~3 KB, is cut into the same groups by one regex pass
+instead: routing/metrics/scan.py.)
 
 That rests on the format's rule that all lines of one metric form a single group: the first group
 of a name is all of it, and nothing after it has to be searched. Servers write their families in
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from functools import lru_cache, partial
 from types import MappingProxyType
 from typing import NamedTuple
@@ -104,18 +106,24 @@ def read_groups(payload: bytes, names: Iterable[str], tail: Sequence[str] = ()) 
     return out
 
 
-def parse_groups(groups: Mapping[str, bytes], cache: GroupCache | None = None) -> Samples:
-    """The samples of each group (UTF-8, undecodable bytes replaced); a group without a sample
-    that has a numeric value is left out. A group holds only its name's lines (and maybe
-    `_created` siblings): a regex pass over it costs less than a Python loop over its lines.
-    With a `cache`, groups equal to the cached ones are not parsed again, and the cache then
-    holds these groups and samples."""
+def parse_groups(
+    groups: Mapping[str, bytes],
+    cache: GroupCache | None = None,
+    names: Container[str] | None = None,
+) -> Samples:
+    """The samples of each group (UTF-8, undecodable bytes replaced), or of those of `names`;
+    a group without a sample that has a numeric value is left out. A group holds only its
+    name's lines (and maybe `_created` siblings): a regex pass over it costs less than a Python
+    loop over its lines. With a `cache`, groups equal to the cached ones are not parsed again,
+    and the cache then holds these groups and samples."""
     out: Samples = {}
     last_groups = last_samples = None
     if cache is not None:
         last_groups, last_samples = cache.groups, cache.samples
         cache.groups, cache.samples = groups, out
     for name, group in groups.items():
+        if names is not None and name not in names:
+            continue
         if last_groups is not None and last_groups.get(name) == group:
             assert last_samples is not None
             kept = last_samples.get(name)
@@ -174,17 +182,23 @@ class _Terms(NamedTuple):
 def _search_terms(name: str) -> _Terms:
     if not name or not name.isascii():
         raise ValueError(f"not a sample name: {name!r}")
-    sibling = None  # a counter's `_total` and `_created` lines may interleave
-    if name.endswith("_total"):
-        sibling = name[: -len("_total")] + "_created"
-    elif name.endswith("_created"):
-        sibling = name[: -len("_created")] + "_total"
+    sibling = sibling_of(name)
     return _Terms(
         ("\n" + name).encode(),
         len(name),
         tuple((name + end).encode() for end in ("{", " ", "\t")),
         None if sibling is None else sibling.encode(),
     )
+
+
+def sibling_of(name: str) -> str | None:
+    """The sample name whose lines may interleave with `name`'s: a counter's `x_created` for
+    `x_total` and back; None for other names."""
+    if name.endswith("_total"):
+        return name[: -len("_total")] + "_created"
+    if name.endswith("_created"):
+        return name[: -len("_created")] + "_total"
+    return None
 
 
 def _find_forward(payload: bytes, terms: _Terms, cursor: int) -> int:
@@ -270,21 +284,33 @@ def finite(value: float) -> float | None:
 
 
 def total(series: Sequence[Sample] | None) -> float | None:
-    """The sum of a series' finite values; None when there are none (absent, or all NaN)."""
+    """The sum of a series' finite values; None when there are none (absent, or all NaN) or
+    when their sum overflows."""
     if not series:
         return None
     if len(series) == 1:  # the usual case, one engine
         value = series[0].value
         return value if math.isfinite(value) else None
     values = [s.value for s in series if math.isfinite(s.value)]
-    return math.fsum(values) if values else None
+    if not values:
+        return None
+    try:
+        return math.fsum(values)
+    except OverflowError:  # finite values whose sum is not: no figure, as for NaN
+        return None
 
 
 def count(series: Sequence[Sample] | None) -> int | None:
     """A summed gauge or counter of things (requests, preemptions) as an int."""
-    value = total(series)
-    if value is None:
-        return None
+    if series is not None and len(series) == 1:  # the usual case, one engine: `total`, inlined
+        value = series[0].value
+        if not math.isfinite(value):
+            return None
+    else:
+        summed = total(series)
+        if summed is None:
+            return None
+        value = summed
     rounded = round(value)
     return rounded if rounded > 0 else 0
 

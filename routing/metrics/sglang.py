@@ -25,10 +25,9 @@ from routing.metrics.prom import (
     count,
     finite,
     int_label,
-    read_groups,
-    read_older,
     unit_fraction,
 )
+from routing.metrics.scan import SeriesReader
 from routing.state import BackendSnapshot
 
 RUNNING = "sglang:num_running_reqs"
@@ -51,11 +50,13 @@ _RENAMED = ((PAGE_SIZE, CACHE_CONFIG), (NUM_PAGES, CACHE_CONFIG))  # gauges, old
 # it filters (`/metrics?name[]=...`, routing/metrics/query.py).
 SAMPLE_NAMES = tuple(dict.fromkeys((*NAMES, *TAIL, *(old for _, old in _RENAMED))))
 
+_READER = SeriesReader(NAMES, TAIL, _RENAMED)
+
 
 def read(payload: bytes) -> Groups:
     """The series `build` reads: `NAMES`, and the older cache config info only where a page
     gauge is missing."""
-    return read_older(payload, read_groups(payload, NAMES, TAIL), _RENAMED)
+    return _READER.read(payload)
 
 
 def build(samples: Samples, *, taken_at: float) -> BackendSnapshot:

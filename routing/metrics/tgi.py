@@ -10,7 +10,8 @@ Running is `tgi_batch_current_size`, waiting `tgi_queue_size`.
 
 from __future__ import annotations
 
-from routing.metrics.prom import Groups, MetricsError, Samples, count, read_groups, total
+from routing.metrics.prom import Groups, MetricsError, Samples, count, total
+from routing.metrics.scan import SeriesReader
 from routing.state import BackendSnapshot
 
 QUEUE = "tgi_queue_size"
@@ -19,9 +20,11 @@ BATCH_MAX_TOKENS = "tgi_batch_current_max_tokens"
 
 NAMES = (BATCH_MAX_TOKENS, BATCH_SIZE, QUEUE)  # in the order TGI writes them
 
+_READER = SeriesReader(NAMES)
+
 
 def read(payload: bytes) -> Groups:
-    return read_groups(payload, NAMES)
+    return _READER.read(payload)
 
 
 def build(

@@ -17,9 +17,9 @@ from routing.metrics.prom import (
     Sample,
     Samples,
     finite,
-    read_groups,
     unit_fraction,
 )
+from routing.metrics.scan import SeriesReader
 from routing.state import BackendSnapshot
 
 KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
@@ -27,9 +27,11 @@ REQUESTS = "nv_trt_llm_request_metrics"
 
 NAMES = (REQUESTS, KV_BLOCKS)  # in the order Triton writes them
 
+_READER = SeriesReader(NAMES)
+
 
 def read(payload: bytes) -> Groups:
-    return read_groups(payload, NAMES)
+    return _READER.read(payload)
 
 
 def build(samples: Samples, *, taken_at: float) -> BackendSnapshot:

@@ -13,11 +13,18 @@
   ("vllm-v0"). llm-d-inference-sim speaks vLLM's names but reports `finish_reason` where vLLM says
   `finished_reason`, and its `vllm:cache_config_info` carries only `block_size` and
   `num_gpu_blocks`; either sign marks it (format "vllm", no reserved block).
+- Cost: the cache config and the LoRA adapters are read from their groups' bytes through a memo
+  (a server writes the same ones at every scrape), so a busy server's scrape converts only the
+  figures that move; one engine, the usual case, takes a short path through the KV arithmetic.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from functools import lru_cache
+from types import MappingProxyType
+from typing import NamedTuple
 
 from routing.metrics.prom import (
     Groups,
@@ -28,11 +35,11 @@ from routing.metrics.prom import (
     count,
     finite,
     int_label,
-    read_groups,
-    read_older,
+    parse_groups,
     total,
     unit_fraction,
 )
+from routing.metrics.scan import SeriesReader
 from routing.state import BackendSnapshot
 
 RUNNING = "vllm:num_requests_running"
@@ -63,67 +70,143 @@ _RENAMED = (
 # it filters (`/metrics?name[]=...`, routing/metrics/query.py).
 SAMPLE_NAMES = tuple(dict.fromkeys((*NAMES, *TAIL, *(old for _, old in _RENAMED))))
 _SIM_CACHE_LABELS = frozenset({"block_size", "num_gpu_blocks"})
+_PREFIX_NAMES = tuple(zip(PREFIX_QUERIES, PREFIX_HITS, strict=True))
+# The groups `build` reads as samples; the others (cache config, LoRA info, success counter) it
+# reads from their bytes, through memos, and `snapshot_of` need not parse them.
+PARSED = frozenset(SAMPLE_NAMES) - {CACHE_CONFIG, LORA_INFO, SUCCESS}
+
+_READER = SeriesReader(NAMES, TAIL, _RENAMED)
 
 
 def read(payload: bytes) -> Groups:
     """The series `build` reads: `NAMES` and `TAIL`, and the older names only where current ones
     are missing."""
-    return read_older(payload, read_groups(payload, NAMES, TAIL), _RENAMED)
+    return _READER.read(payload)
 
 
-def build(samples: Samples, *, taken_at: float, variant: str | None) -> BackendSnapshot:
-    """`variant` is "vllm" (V1) or "vllm-v0" as configured, or None to tell from the payload."""
-    usage_series = samples.get(KV_USAGE) or samples.get(KV_USAGE_OLD)
-    if not usage_series and RUNNING not in samples and WAITING not in samples:
+def build(
+    samples: Samples, *, taken_at: float, variant: str | None, groups: Groups
+) -> BackendSnapshot:
+    """`variant` is "vllm" (V1) or "vllm-v0" as configured, or None to tell from the payload.
+    `groups` are the groups read, `samples` those of `PARSED` parsed (or more): what seldom
+    changes (the cache config, the LoRA adapters, whether the success counter says simulator)
+    is read from the groups through memos, so a busy server's scrape converts only the figures
+    that move."""
+    get = samples.get
+    usage_series = get(KV_USAGE) or get(KV_USAGE_OLD)
+    running, waiting = get(RUNNING), get(WAITING)
+    if not usage_series and running is None and waiting is None:
         raise MetricsError("no vLLM load metrics (vllm:num_requests_running, KV usage)")
-    simulator = is_simulator(samples)
+    config = _cache_config_of(groups.get(CACHE_CONFIG))
+    simulator = config.simulator or _success_says_simulator(groups.get(SUCCESS))
     if variant is None:
-        has_engines = any("engine" in s.labels for s in usage_series or samples.get(RUNNING) or ())
+        has_engines = False
+        for sample in usage_series or running or ():
+            if "engine" in sample.labels:
+                has_engines = True
+                break
         variant = "vllm" if KV_USAGE in samples or has_engines or simulator else "vllm-v0"
     reserved = 1 if variant == "vllm" and not simulator else 0
-    total_blocks, free_blocks, usage, block_size = _kv(usage_series, samples, reserved)
+    total_blocks, free_blocks, usage = _kv(usage_series, config, reserved)
     return BackendSnapshot(
         taken_at=taken_at,
         format=variant,
         kv_total_blocks=total_blocks,
         kv_free_blocks=free_blocks,
         kv_usage=usage,
-        block_size=block_size,
-        running=count(samples.get(RUNNING)),
-        waiting=count(samples.get(WAITING)),
-        preemptions=count(samples.get(PREEMPTIONS)),
+        block_size=config.block_size,
+        running=count(running),
+        waiting=count(waiting),
+        preemptions=count(get(PREEMPTIONS)),
         prefix_cache_hit_rate=_hit_rate(samples),
-        models=_models(samples, usage_series),
+        models=_models((running, waiting, usage_series), _adapters_of(groups.get(LORA_INFO))),
     )
 
 
-def is_simulator(samples: Samples) -> bool:
-    if any("finish_reason" in s.labels for s in samples.get(SUCCESS) or ()):
-        return True
-    configs = samples.get(CACHE_CONFIG) or ()
-    return bool(configs) and all(s.labels.keys() == _SIM_CACHE_LABELS for s in configs)
+def is_simulator(groups: Groups) -> bool:
+    """llm-d-inference-sim: a `finish_reason` label on its success counter, or a cache config
+    with only `block_size` and `num_gpu_blocks`."""
+    return (_success_says_simulator(groups.get(SUCCESS))
+            or _cache_config_of(groups.get(CACHE_CONFIG)).simulator)
+
+
+def _success_says_simulator(group: bytes | None) -> bool:
+    # A group without the label's name anywhere has no sample that carries it: no parse.
+    return group is not None and b"finish_reason" in group and _finish_reason_label(group)
+
+
+@lru_cache(maxsize=256)
+def _finish_reason_label(group: bytes) -> bool:
+    for sample in parse_groups({SUCCESS: group}).get(SUCCESS) or ():
+        if "finish_reason" in sample.labels:
+            return True
+    return False
+
+
+class _CacheConfig(NamedTuple):
+    """What `vllm:cache_config_info` says."""
+
+    blocks: Mapping[str, int | None]  # engine label ("" when absent) -> num_gpu_blocks
+    block_size: int | None
+    simulator: bool  # labels block_size and num_gpu_blocks only: llm-d-inference-sim
+
+
+def _cache_config(series: list[Sample] | None) -> _CacheConfig:
+    configs = by_label(series, "engine")
+    sizes = (int_label(s, "block_size") for s in configs.values())
+    return _CacheConfig(
+        MappingProxyType({key: int_label(s, "num_gpu_blocks") for key, s in configs.items()}),
+        next((size for size in sizes if size), None),
+        bool(series) and all(s.labels.keys() == _SIM_CACHE_LABELS for s in series or ()),
+    )
+
+
+@lru_cache(maxsize=256)
+def _cache_config_of(group: bytes | None) -> _CacheConfig:
+    """`_cache_config` of a group's samples, by the group's bytes: a server writes the same
+    group at every scrape. Shared, hence read-only."""
+    return _cache_config(parse_groups({CACHE_CONFIG: group}).get(CACHE_CONFIG) if group else None)
 
 
 def _kv(
-    usage_series: list[Sample] | None, samples: Samples, reserved: int
-) -> tuple[int | None, int | None, float | None, int | None]:
-    """(total blocks, free blocks, usage, block size) summed over engines; a figure that any
-    engine lacks is None rather than a partial sum."""
-    configs = by_label(samples.get(CACHE_CONFIG), "engine")
-    sizes = (int_label(s, "block_size") for s in configs.values())
-    block_size = next((size for size in sizes if size), None)
-    usages = {key: unit_fraction(s.value) for key, s in by_label(usage_series, "engine").items()}
+    usage_series: list[Sample] | None, config: _CacheConfig, reserved: int
+) -> tuple[int | None, int | None, float | None]:
+    """(total blocks, free blocks, usage) summed over engines; a figure that any engine lacks is
+    None rather than a partial sum."""
+    blocks = config.blocks
+    if usage_series is not None and len(usage_series) == 1 and len(blocks) == 1:
+        # The usual case, one engine: the general computation below, in fewer steps.
+        value = usage_series[0].value
+        if not math.isfinite(value):
+            return None, None, None
+        fraction = min(1.0, max(0.0, value))
+        key = usage_series[0].labels.get("engine", "")
+        n = blocks[key] if key in blocks else next(iter(blocks.values()))
+        if n is None or n <= reserved:
+            return None, None, fraction
+        pool = n - reserved
+        return n, round((1.0 - fraction) * pool), fraction * pool / pool
+    return _kv_engines(usage_series, blocks, reserved)
+
+
+def _kv_engines(
+    usage_series: list[Sample] | None, blocks: Mapping[str, int | None], reserved: int
+) -> tuple[int | None, int | None, float | None]:
+    """`_kv` for any number of engines and configs."""
+    if usage_series is not None and len(usage_series) == 1:
+        sample = usage_series[0]
+        usages = {sample.labels.get("engine", ""): unit_fraction(sample.value)}
+    else:
+        engines = by_label(usage_series, "engine")
+        usages = {key: unit_fraction(s.value) for key, s in engines.items()}
     if not usages or any(u is None for u in usages.values()):
-        return None, None, None, block_size
+        return None, None, None
     # A lone config without an engine label (older V1, the simulator) belongs to a lone engine.
-    lone = next(iter(configs.values())) if len(configs) == 1 and len(usages) == 1 else None
-    capacity: dict[str, int | None] = {}
-    for key in usages:
-        config = configs.get(key, lone)
-        capacity[key] = int_label(config, "num_gpu_blocks") if config is not None else None
+    lone = next(iter(blocks.values())) if len(blocks) == 1 and len(usages) == 1 else None
+    capacity = {key: blocks[key] if key in blocks else lone for key in usages}
     if any(n is None or n <= reserved for n in capacity.values()):
         mean = math.fsum(u for u in usages.values() if u is not None) / len(usages)
-        return None, None, mean, block_size
+        return None, None, mean
     total_blocks = free_blocks = 0
     used_weighted = 0.0
     for key, usage in usages.items():
@@ -134,13 +217,13 @@ def _kv(
         free_blocks += round((1.0 - usage) * pool)
         used_weighted += usage * pool
     pool_total = total_blocks - reserved * len(usages)
-    return total_blocks, free_blocks, used_weighted / pool_total, block_size
+    return total_blocks, free_blocks, used_weighted / pool_total
 
 
 def _hit_rate(samples: Samples) -> float | None:
     """V1: lifetime prefix-cache hits over queries (tokens), current names first; V0: its gauge
     (negative means prefix caching is off)."""
-    for queries_name, hits_name in zip(PREFIX_QUERIES, PREFIX_HITS, strict=True):
+    for queries_name, hits_name in _PREFIX_NAMES:
         queries = total(samples.get(queries_name))
         if queries is not None:
             hits = total(samples.get(hits_name))
@@ -150,20 +233,33 @@ def _hit_rate(samples: Samples) -> float | None:
     return min(1.0, sum(rates) / len(rates)) if rates else None
 
 
-def _models(samples: Samples, usage_series: list[Sample] | None) -> tuple[str, ...] | None:
+def _models(
+    load: tuple[list[Sample] | None, ...], adapters: tuple[str, ...]
+) -> tuple[str, ...] | None:
     """The served model names (`model_name` labels of the load and usage series) and the LoRA
-    adapters in the newest `vllm:lora_requests_info` series (its value is the time it was set)."""
+    `adapters`."""
     names: dict[str, None] = {}
-    for series in (samples.get(RUNNING), samples.get(WAITING), usage_series):
+    for series in load:
         for sample in series or ():
             model = sample.labels.get("model_name")
             if model:
                 names[model] = None
-    lora = [s for s in samples.get(LORA_INFO) or () if math.isfinite(s.value)]
-    if lora:
-        newest = max(lora, key=lambda s: s.value)
-        for label in ("running_lora_adapters", "waiting_lora_adapters"):
-            for adapter in newest.labels.get(label, "").split(","):
-                if adapter.strip():
-                    names[adapter.strip()] = None
+    names.update(dict.fromkeys(adapters))
     return tuple(names) or None
+
+
+@lru_cache(maxsize=256)
+def _adapters_of(group: bytes | None) -> tuple[str, ...]:
+    """The LoRA adapters, running and waiting, in the newest `vllm:lora_requests_info` sample
+    (its value is the time it was set), by the group's bytes (see `_cache_config_of`)."""
+    series = parse_groups({LORA_INFO: group}).get(LORA_INFO) if group else None
+    lora = [s for s in series or () if math.isfinite(s.value)]
+    if not lora:
+        return ()
+    newest = max(lora, key=lambda s: s.value)
+    names: dict[str, None] = {}
+    for label in ("running_lora_adapters", "waiting_lora_adapters"):
+        for adapter in newest.labels.get(label, "").split(","):
+            if adapter.strip():
+                names[adapter.strip()] = None
+    return tuple(names)
