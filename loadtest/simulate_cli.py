@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from loadtest.fleetsim.results import Slo
 from loadtest.fleetsim.trace import load_trace
 from loadtest.workloads import ARRIVALS, WORKLOADS, Limits, SharedPrefix, workload
 from routing.dispatch import DispatchConfig
-from routing.policies import DEFAULT_POLICY, POLICIES
+from routing.policies import DEFAULT_POLICY, POLICIES, scorer_names
 
 DEFAULT_FLEET = "4xllama-3-8b-h100,4xllama-3-8b-l40s"
 DESCRIPTION = ("Offline, virtual-time fleet simulation: replays a workload against simulated "
@@ -82,6 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="goodput's TPOT SLO (default 0.05)")
     a("--queue-timeout", type=float, default=30.0, metavar="S",
       help="gateway queue timeout with admission (default 30)")
+    a("--weights", action="append", default=[], metavar="POLICY:NAME=W[,NAME=W...]",
+      help="override a policy's scorer weights (repeatable), e.g. cost:prefill_load=6,ttft=2")
     a("--prefix-groups", type=int, default=16, metavar="N",
       help="shared-prefix: groups sharing a document (default 16)")
     a("--prefix-tokens", type=int, default=6000, metavar="N",
@@ -118,6 +121,33 @@ def _names(text: str, known: tuple[str, ...], what: str) -> tuple[str, ...]:
     return names
 
 
+def _weights(items: list[str], policies: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """--weights items as {policy: {scorer: weight}}; UsageError naming the first problem."""
+    out: dict[str, dict[str, float]] = {}
+    for item in items:
+        policy, sep, pairs = item.partition(":")
+        policy = policy.strip()
+        if not sep or policy not in POLICIES:
+            raise UsageError(f"--weights {item!r}: expected POLICY:NAME=W[,NAME=W...] with a "
+                             f"known policy ({', '.join(POLICIES)})")
+        if policy not in policies:
+            raise UsageError(f"--weights names {policy!r}, which --policies does not compare")
+        known = scorer_names(policy)
+        for pair in pairs.split(","):
+            name, eq, value = (x.strip() for x in pair.partition("="))
+            if name not in known:
+                raise UsageError(f"--weights: {policy!r} has no scorer {name!r} (its scorers: "
+                                 f"{', '.join(known) or 'none'})")
+            try:
+                weight = float(value) if eq else math.nan
+            except ValueError:
+                weight = math.nan
+            if not weight >= 0.0 or math.isinf(weight):
+                raise UsageError(f"--weights: {policy}:{name} needs a weight >= 0, got {value!r}")
+            out.setdefault(policy, {})[name] = weight
+    return out
+
+
 def build_experiment(args: argparse.Namespace) -> Experiment:
     """The experiment the arguments describe; UsageError naming the first problem."""
     try:
@@ -130,6 +160,7 @@ def build_experiment(args: argparse.Namespace) -> Experiment:
         raise UsageError("--policies names no policy")
     admitted = set(_names(args.admission, known, "--admission"))
     contenders = tuple(Contender(p, p in admitted) for p in policies)
+    weights = _weights(args.weights, policies)
     try:
         seeds = tuple(int(x) for x in args.seeds.split(",") if x.strip())
     except ValueError as exc:
@@ -177,7 +208,7 @@ def build_experiment(args: argparse.Namespace) -> Experiment:
             rates=rates, arrival=args.arrival, burstiness=args.burstiness, duration_s=duration,
             seeds=seeds, scrape_interval_s=args.scrape_interval, max_snapshot_age_s=max_age,
             replicas=args.replicas, slo=Slo(args.slo_ttft, args.slo_tpot),
-            dispatch=DispatchConfig(queue_timeout_s=args.queue_timeout))
+            dispatch=DispatchConfig(queue_timeout_s=args.queue_timeout), weights=weights)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
 

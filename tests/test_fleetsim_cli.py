@@ -40,6 +40,22 @@ def test_the_same_command_writes_the_same_json(tmp_path: Path) -> None:
         "max"]
 
 
+def test_weights_override_a_policys_defaults_and_are_recorded(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    base = [*SMALL, "--rate", "40", "--duration", "5", "--json", "-"]
+    assert kvgate(base) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert kvgate([*base, "--weights", "cost:ttft=0,goodput=0,prefill_load=0,preemption=0"]) == 0
+    flat = json.loads(capsys.readouterr().out)
+    assert default["config"]["weights"] == {}
+    assert flat["config"]["weights"] == {"cost": {"ttft": 0.0, "goodput": 0.0,
+                                                  "prefill_load": 0.0, "preemption": 0.0}}
+    # Only cost's routing changed: round robin's figures are the same, cost's are not.
+    runs = [doc["points"][0]["policies"] for doc in (default, flat)]
+    assert runs[0]["round_robin"] == runs[1]["round_robin"]
+    assert runs[0]["cost+adm"] != runs[1]["cost+adm"]
+
+
 def test_the_table_names_every_policy_and_figure(capsys: pytest.CaptureFixture[str]) -> None:
     assert kvgate([*SMALL, "--arrival", "bursty", "--replicas", "2"]) == 0
     out = capsys.readouterr().out
@@ -110,9 +126,14 @@ def test_plot_without_matplotlib_fails_before_simulating(
     (["--replicas", "0"], "--replicas must be >= 1"),
     (["--trace", "/nonexistent/trace.jsonl"], "--trace: cannot read"),
     (["--prefix-groups", "0"], "--prefix-groups must be >= 1"),
+    (["--weights", "cost:speed=2"], "'cost' has no scorer 'speed'"),
+    (["--weights", "cost:ttft=-1"], "cost:ttft needs a weight >= 0"),
+    (["--weights", "ttft=2"], "expected POLICY:NAME=W"),
+    (["--policies", "kv_util", "--weights", "cost:ttft=1"], "which --policies does not compare"),
 ], ids=["unknown-policy", "unknown-admission", "unknown-preset", "mixed-models", "bad-load",
         "negative-rate", "bad-seed", "zero-duration", "negative-interval", "no-replicas",
-        "missing-trace", "no-groups"])
+        "missing-trace", "no-groups", "unknown-scorer", "negative-weight", "no-policy",
+        "weights-of-a-policy-not-compared"])
 def test_bad_usage_exits_2_with_one_line_naming_the_problem(
         args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert kvgate(["simulate", *args]) == 2

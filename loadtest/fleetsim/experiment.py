@@ -10,7 +10,7 @@ timeline scaled to the requested rate.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import cycle
@@ -54,6 +54,8 @@ class Experiment:
     replicas: int = 1
     slo: Slo = field(default_factory=Slo)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+    # Scorer weights by policy (routing/policies.py names), overriding that policy's defaults.
+    weights: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if (self.workload is None) == (self.trace is None):
@@ -117,6 +119,7 @@ class Report:
                 "replicas": e.replicas,
                 "slo": {"ttft_s": e.slo.ttft_s, "tpot_s": e.slo.tpot_s},
                 "queue_timeout_s": e.dispatch.queue_timeout_s,
+                "weights": {policy: dict(w) for policy, w in e.weights.items()},
                 "contenders": [{"label": c.label, "policy": c.policy, "admission": c.admission}
                                for c in e.contenders],
             },
@@ -187,7 +190,8 @@ def run_one(experiment: Experiment, rate: float | None, seed: int, contender: Co
         policy=contender.policy, admission=contender.admission,
         scrape_interval_s=experiment.scrape_interval_s,
         max_snapshot_age_s=experiment.max_snapshot_age_s,
-        replicas=experiment.replicas, seed=seed, dispatch=experiment.dispatch)
+        replicas=experiment.replicas, seed=seed, dispatch=experiment.dispatch,
+        weights=experiment.weights.get(contender.policy, {}))
     started = time.perf_counter()
     outcome = simulate(items, experiment.fleet, config, duration_s=window)
     wall = time.perf_counter() - started
