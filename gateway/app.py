@@ -199,6 +199,7 @@ async def _backend_health(app: web.Application) -> AsyncIterator[None]:
         fleet,
         interval=settings.routing.poll_interval_s,
         timeout=settings.routing.scrape_timeout_s,
+        group_size=settings.routing.poll_group_size,
         clock=app[CLOCK],
         on_error=app[TELEMETRY].poll_error,
     )

@@ -1,7 +1,8 @@
 """What watching the fleet costs: metrics parse time per payload, and the poller's CPU share.
 
     .venv/bin/python -m loadtest.bench_parse [--backends 32] [--interval 0.1] [--seconds 10]
-                                             [--group-size 8] [--loop uvloop|asyncio]
+                                             [--group-size 32] [--full-every N]
+                                             [--loop uvloop|asyncio]
                                              [--payloads same,idle,busy]
                                              [--servers filtered,unfiltered] [--no-aiohttp]
                                              [--fixtures DIR]
@@ -23,6 +24,8 @@
      Its answers are rendered once per query and step, then replayed (`Exposition` says why).
      The poller reads plain /metrics once, detects vLLM, then scrapes the filtered path
      (routing/metrics/query.py); the "name[]" column is the share of scrapes that asked for it.
+     Between its scrapes of every name (about one a second), it asks for the moving series only
+     (the tiers of routing/poller.py): the "hot" column.
    - unfiltered: a server that ignores the query (as TGI, TensorRT-LLM and llama.cpp do, and
      vLLM versions whose own /metrics route shadows prometheus_client's): the fixture's bytes
      at every scrape, whatever the query. The poller still asks (name[] 100%) and reads the
@@ -287,27 +290,31 @@ async def serve(count: int, template: str, kind: str, server: str) -> None:
 
 
 async def measure_poller(
-    ports: list[int], interval: float, seconds: float, group_size: int
+    ports: list[int], interval: float, seconds: float, group_size: int,
+    full_every: int | None = None,
 ) -> tuple[float, ...]:
     specs = [BackendSpec(id=f"b{i}", url=f"http://127.0.0.1:{p}") for i, p in enumerate(ports)]
     fleet = Fleet(specs, max_snapshot_age=max(1.0, 10 * interval))
     poller = Poller(
-        fleet, interval=interval, timeout=max(0.5, 5 * interval), group_size=group_size
+        fleet, interval=interval, timeout=max(0.5, 5 * interval), group_size=group_size,
+        full_every=full_every,
     )
     async with poller.running():
         await asyncio.sleep(max(2.0, 10 * interval))  # warm-up: connections open, caches hot
         ok0, failed0 = poller.scrapes_ok, poller.scrapes_failed
-        filtered0 = poller.scrapes_filtered
+        filtered0, hot0 = poller.scrapes_filtered, poller.scrapes_hot
         usage0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         await asyncio.sleep(seconds)
         usage1, wall1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         ok, failed = poller.scrapes_ok - ok0, poller.scrapes_failed - failed0
         filtered = poller.scrapes_filtered - filtered0
+        hot = poller.scrapes_hot - hot0
     healthy = sum(fleet.is_healthy(spec.id) for spec in specs)
     wall = wall1 - wall0
     user = (usage1.ru_utime - usage0.ru_utime) / wall
     system = (usage1.ru_stime - usage0.ru_stime) / wall
-    return user, system, ok / wall, failed / wall, float(healthy), filtered / max(ok, 1)
+    return (user, system, ok / wall, failed / wall, float(healthy), filtered / max(ok, 1),
+            hot / max(ok, 1))
 
 
 async def measure_http_only(ports: list[int], interval: float, seconds: float) -> float:
@@ -374,20 +381,21 @@ def poller_shares(args: argparse.Namespace) -> dict[str, float]:
           f"groups of {args.group_size}, vLLM V1 payload ({args.loop}, {args.seconds:.0f} s each);"
           f" target < {TARGET_SHARE:.0%} of one core")
     print("  CPU: this process (the poller); name[]: the share of scrapes that asked for only the"
-          " series read")
+          " series read; hot: for only the moving ones")
     print(f"  {'server':<11}{'payloads':<9}{'CPU':>7}{'user':>8}{'system':>8}   {'target':<7}"
-          f"{'scrapes/s':>10}{'failed/s':>9}{'healthy':>8}{'name[]':>8}")
+          f"{'scrapes/s':>10}{'failed/s':>9}{'healthy':>8}{'name[]':>8}{'hot':>6}")
     shares: dict[str, float] = {}
     for flavour in args.servers:
         for kind in args.payloads:
             with servers(args, kind, flavour) as ports:
-                user, system, rate, failures, healthy, filtered = run(
-                    measure_poller(ports, args.interval, args.seconds, args.group_size)
+                user, system, rate, failures, healthy, filtered, hot = run(
+                    measure_poller(ports, args.interval, args.seconds, args.group_size,
+                                   args.full_every)
                 )
             share = shares[f"{flavour} {kind}"] = user + system
             print(f"  {flavour:<11}{kind:<9}{share:7.2%}{user:8.2%}{system:8.2%}   "
                   f"{_verdict(share):<7}{rate:10.1f}{failures:9.1f}"
-                  f"{f'{healthy:.0f}/{args.backends}':>8}{filtered:8.0%}")
+                  f"{f'{healthy:.0f}/{args.backends}':>8}{filtered:8.0%}{hot:6.0%}")
     if args.aiohttp:
         with servers(args, "same", "unfiltered") as ports:
             http_only = shares["aiohttp"] = run(
@@ -407,7 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", type=int, default=32)
     parser.add_argument("--interval", type=float, default=0.1, help="poll interval, seconds")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured time per run")
-    parser.add_argument("--group-size", type=int, default=8, help="backends scraped together")
+    parser.add_argument("--group-size", type=int, default=32,
+                        help="backends scraped together (the gateway's default)")
+    parser.add_argument("--full-every", type=int, default=None,
+                        help="a scrape of every name each N grid points, of the moving ones in "
+                             "between (default: about once a second; 1: every name every time)")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--payloads", type=lambda s: s.split(","), default=list(KINDS),
                         help="comma-separated, of: " + ", ".join(KINDS))

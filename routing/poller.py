@@ -6,12 +6,19 @@ interval and reports into the Fleet.
   event loop and starts its members' scrapes; each scrape then runs on its own (a callback when
   its answer, failure or timeout comes), so a slow or hanging backend never delays another's
   scrapes. Scraping together is cheaper (one wake-up per group, not per backend), while phases
-  keep each burst of work in the gateway's loop short. A member still busy at its group's tick,
-  or backed off, skips grid points rather than shifting its schedule.
+  keep each burst of work in the gateway's loop short. The trade-off, measured with 32 busy vLLM
+  backends at 100 ms (bench_parse, filtered, 2-core VM): groups of 8 cost ~7.7-8.2% of a core,
+  of 16 ~6.6-6.7%, one group of 32 ~5.8-6.3%; but a group's answers come back together and are
+  parsed in one burst that delays the loop's other work (proxied streams, dispatch): the loop's
+  lag then reaches p99 1 / max 3-4 ms in groups of 8, 2-3 / 5 ms in 16, 3 / 6-8 ms in 32, once
+  per interval. The default, 32 (gateway config `routing.poll_group_size`), takes the CPU: a
+  few ms every 100 ms is small beside an LLM's time per token. A member still busy at its
+  group's tick, or backed off, skips grid points rather than shifting its schedule.
 - Cost: the target is under 5% of one core for 32 backends at 100 ms (loadtest/bench_parse.py
   measures it). Hence callbacks rather than a task per backend (a task's wake-ups alone cost ~1%
   of a core at that rate), the lean keep-alive client of routing/scrape_client.py rather than
-  aiohttp (~11%), and the re-use below.
+  aiohttp (~11%), the re-use below, filtering and its tiers (busy: ~2-6% less than every name
+  at every scrape; the backend's rendering of the answer ~60% less).
 - Re-use: a payload byte for byte equal to the backend's previous one is not read again, and one
   whose series that the format reads are equal to the previous ones (routing/metrics: a
   `Reading`) is not parsed again: the previous snapshot is reused with the new `taken_at` (same
@@ -54,6 +61,23 @@ interval and reports into the Fleet.
   another format. When plain fails too, the backend is failing, not the filter: it stays on the
   filtered path. Connection failures and timeouts are failures on either path. So the
   optimisation never costs a backend its state or its health.
+- Tiers: of a filtered vLLM answer, only the load series move from scrape to scrape (running,
+  waiting, KV usage, preemptions, prefix-cache counters); the cache config (the KV capacity),
+  the LoRA adapters and the success counter (read only to tell the simulator) seldom do
+  (routing/metrics/query.py). So a backend on a filtered path that has a hot tier asks for every
+  name at one grid point in `full_every` (default: about once a second, 10 at 100 ms), and for
+  the moving names only (its hot path) at the others. A hot answer's series are completed with
+  the last full answer's slow ones; the snapshot is still built, and replaced, whole at every
+  scrape. A scrape asks for every name when no full answer is held: the first filtered scrape,
+  and the one after any failure, fallback or change of path or format. Staleness bound: the
+  cache config, hence KV capacity and block size, and the LoRA adapters in a snapshot were read
+  less than `full_every` intervals (+ one scrape's time) before its `taken_at`; a restarted
+  server with another config fails a scrape or answers a full one within that time. A hot
+  answer that is not the format, lacks a moving series the last full answer had, or is not a
+  200 is not a failure by itself: the same scrape asks for every name, within its deadline,
+  and that answer follows the rules above (plain /metrics next, if it fails as a filtered one).
+  When that full answer succeeds, the hot query was at fault: the backend asks for every name
+  at every scrape until it has been marked unhealthy.
 """
 
 from __future__ import annotations
@@ -80,7 +104,14 @@ from routing.metrics import (
     snapshot_of,
     with_slots,
 )
-from routing.metrics.query import METRICS_PATH, filtered_path
+from routing.metrics.prom import Groups
+from routing.metrics.query import (
+    METRICS_PATH,
+    completed,
+    filtered_path,
+    hot_path,
+    slow_groups,
+)
 from routing.scrape_client import (
     Done,
     ScrapeClient,
@@ -122,6 +153,20 @@ class _Backend:
     path_family: str | None = None
     unfiltered: str | None = None
     suspect: str | None = None  # the format whose filtered answer failed in this scrape
+    # Tiers (module docstring): the hot path of `path_family` (None: none, or not used here),
+    # whether this backend may use one, the last full answer's slow groups and the hot names it
+    # had (None: the next filtered scrape asks for every name), the grid point from which a
+    # scrape is full again, and whether the hot answer failed in this scrape.
+    hot: str | None = None
+    tiered: bool = True
+    slow: Groups | None = None
+    hot_names: tuple[str, ...] = ()
+    full_k: int = 0
+    hot_failed: bool = False
+    # The last answer of each kind and its reading (a hot one's completed with `slow`), so that
+    # the alternation of full and hot answers of an idle server costs no reading.
+    full_memo: tuple[bytes, Reading] | None = None
+    hot_memo: tuple[bytes, Reading] | None = None
     # The last payload parsed, the series read from it, and the snapshot they gave.
     last_body: bytes = b""
     last_reading: Reading | None = None
@@ -146,7 +191,8 @@ class Poller:
         interval: float = 0.1,
         timeout: float = 0.5,
         backoff_max: float = 5.0,
-        group_size: int = 8,
+        group_size: int = 32,
+        full_every: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_error: Callable[[str, str], None] | None = None,
     ) -> None:
@@ -155,20 +201,28 @@ class Poller:
         https backends, for the duration of `run`. `clock` must be the one the Fleet's readers
         pass as `now`. `on_error(backend_id, error_class)` is told of every failed scrape (the
         exception's class name: a small, bounded set, fit for a metric label); it must not
-        raise."""
+        raise. `full_every`: a backend on a tiered filtered path asks for every name at every
+        `full_every`-th grid point, for the moving ones only in between (module docstring);
+        None = about once a second, 1 = every name at every scrape."""
         if interval <= 0 or timeout <= 0 or group_size < 1:
             raise ValueError("need a positive poll interval, scrape timeout and group size")
+        if full_every is None:
+            full_every = max(1, round(1.0 / interval))
+        if full_every < 1:
+            raise ValueError("need full_every >= 1")
         self._fleet = fleet
         self._session = session
         self._interval = interval
         self._timeout = timeout
         self._backoff_max = max(backoff_max, interval)
         self._group_size = group_size
+        self._full_every = full_every
         self._clock = clock
         self._on_error = on_error
         self.scrapes_ok = 0
         self.scrapes_failed = 0
         self.scrapes_filtered = 0  # of scrapes_ok, answered through a `name[]` path
+        self.scrapes_hot = 0  # of scrapes_filtered, answered through a hot path
 
     async def run(self) -> None:
         """Polls every backend until cancelled."""
@@ -183,7 +237,7 @@ class Poller:
                         own_session = await stack.enter_async_context(_session())
                     client = SessionClient(own_session, spec.url)
                 stack.push_async_callback(client.close)  # abandons a scrape in flight
-                backend = _Backend(spec, client)
+                backend = _Backend(spec, client, tiered=self._full_every > 1)
                 if spec.metrics_format is not None:
                     _route(backend, spec.metrics_format)
                 backend.on_metrics = partial(self._on_metrics, backend)
@@ -232,7 +286,10 @@ class Poller:
         backend.was_healthy = self._fleet.is_healthy(backend.spec.id)
         backend.taken_at = self._clock()
         backend.deadline = deadline
-        backend.fetching = path = backend.path
+        path = backend.path
+        if backend.hot is not None and backend.slow is not None and k < backend.full_k:
+            path = backend.hot
+        backend.fetching = path
         try:
             backend.client.fetch(path, self._timeout, backend.on_metrics)
         except Exception as exc:  # a bug, not the backend: logged, and the group goes on
@@ -263,19 +320,27 @@ class Poller:
             self._end(backend, snapshot)
 
     def _unfilter(self, backend: _Backend, why: Exception) -> bool:
-        """After a filtered answer that failed (module docstring): asks plain /metrics within
-        the scrape's deadline and returns True; False when the answer was plain already."""
-        if backend.fetching == METRICS_PATH:
+        """After a filtered answer that failed (module docstring): asks, within the scrape's
+        deadline, for every name after a hot answer, else plain /metrics, and returns True;
+        False when the answer was plain already."""
+        fetching = backend.fetching
+        if fetching == METRICS_PATH:
             return False
-        log.debug("backend %s: /metrics?name[]=... failed (%s: %s); trying plain /metrics",
-                  backend.spec.id, type(why).__name__, why)
+        hot = fetching == backend.hot
+        path = backend.path if hot else METRICS_PATH
+        log.debug("backend %s: %s failed (%s: %s); trying %s", backend.spec.id, fetching,
+                  type(why).__name__, why, path)
         remaining = backend.deadline - asyncio.get_running_loop().time()
         if remaining <= 0:
-            raise ScrapeTimeout("no time left for plain /metrics within the scrape timeout")
-        backend.suspect = backend.path_family
-        backend.taken_at = self._clock()  # the snapshot is of the plain answer
-        backend.fetching = METRICS_PATH
-        backend.client.fetch(METRICS_PATH, remaining, backend.on_metrics)
+            raise ScrapeTimeout(f"no time left for {path} within the scrape timeout")
+        if hot:
+            backend.hot_failed = True
+            backend.slow = None
+        else:
+            backend.suspect = backend.path_family
+        backend.taken_at = self._clock()  # the snapshot is of the new answer
+        backend.fetching = path
+        backend.client.fetch(path, remaining, backend.on_metrics)
         return True
 
     def _on_slots(self, backend: _Backend, result: bytes | ScrapeError) -> None:
@@ -294,48 +359,76 @@ class Poller:
 
     def _snapshot(self, backend: _Backend, body: bytes) -> BackendSnapshot:
         """The payload's snapshot: the last one restamped when the bytes are the same, or when
-        the series the format reads are (see the module docstring)."""
+        the series the format reads are (see the module docstring). A hot answer's series are
+        completed with the last full answer's slow ones; a full filtered answer's are kept for
+        the hot answers until the next one."""
         last = backend.last_snapshot
         if last is not None and body == backend.last_body:
-            return restamped(last, backend.taken_at)
-        spec = backend.spec
-        reading = read_metrics(body, format=spec.metrics_format)
-        if last is not None and reading == backend.last_reading:
             snapshot = restamped(last, backend.taken_at)
         else:
-            snapshot = snapshot_of(
-                reading,
-                taken_at=backend.taken_at,
-                max_batch_total_tokens=spec.max_batch_total_tokens,
-                cache=backend.groups,
-            )
-        backend.last_body, backend.last_reading, backend.last_snapshot = body, reading, snapshot
-        if reading.family != backend.path_family:
-            _route(backend, reading.family)
+            spec = backend.spec
+            hot = backend.fetching == backend.hot
+            memo = backend.hot_memo if hot else backend.full_memo
+            if memo is not None and body == memo[0]:
+                reading = memo[1]
+            else:
+                reading = read_metrics(body, format=spec.metrics_format)
+                if hot:
+                    reading = _completed(backend, reading)
+                    backend.hot_memo = body, reading
+                else:
+                    backend.full_memo = body, reading
+            if last is not None and reading == backend.last_reading:
+                snapshot = restamped(last, backend.taken_at)
+            else:
+                snapshot = snapshot_of(
+                    reading,
+                    taken_at=backend.taken_at,
+                    max_batch_total_tokens=spec.max_batch_total_tokens,
+                    cache=backend.groups,
+                )
+            backend.last_body, backend.last_reading = body, reading
+            backend.last_snapshot = snapshot
+            if reading.family != backend.path_family:
+                _route(backend, reading.family)
+        if backend.hot is not None and backend.fetching == backend.path:
+            # A full answer on a tiered path: the slow groups until the next one.
+            family, groups = backend.path_family, backend.last_reading
+            assert family is not None and groups is not None  # a tiered path has both
+            slow = slow_groups(family, groups.groups)
+            hot_names = tuple(name for name in groups.groups if name not in slow)
+            if slow != backend.slow or hot_names != backend.hot_names:
+                backend.hot_memo = None  # read with other slow groups, or checked for others
+            backend.slow, backend.hot_names = slow, hot_names
+            backend.full_k = backend.started_k + self._full_every
         return snapshot
 
     def _end(self, backend: _Backend, outcome: BackendSnapshot | Exception) -> None:
         """Reports the scrape, then sets the backend's next grid point."""
-        if backend.suspect is None and isinstance(outcome, BackendSnapshot):
+        if backend.suspect is None and not backend.hot_failed and isinstance(
+            outcome, BackendSnapshot
+        ):
             self._scraped(backend, outcome)
             return
         spec = backend.spec
         try:
             suspect, backend.suspect = backend.suspect, None
+            hot_failed, backend.hot_failed = backend.hot_failed, False
+            if hot_failed and suspect is None and isinstance(outcome, BackendSnapshot):
+                # Every name answered where the moving ones did not: the hot query is at fault.
+                log.info("backend %s (%s) does not answer the hot /metrics?name[]=... query: "
+                         "asking for every name at every scrape", spec.id, spec.url)
+                backend.tiered = False
+                backend.hot = backend.slow = None
             if suspect is not None and isinstance(outcome, BackendSnapshot):
                 # Plain /metrics answered where the filtered path did not: the filter is at fault.
                 log.info("backend %s (%s) does not answer /metrics?name[]=... for %s metrics: "
                          "scraping plain /metrics", spec.id, spec.url, suspect)
                 backend.unfiltered = suspect
                 if backend.path_family == suspect:
-                    backend.path, backend.path_family = METRICS_PATH, None
+                    backend.path, backend.path_family, backend.hot = METRICS_PATH, None, None
             if isinstance(outcome, BackendSnapshot):
-                self._fleet.record_scrape(spec.id, outcome)
-                self.scrapes_ok += 1
-                if backend.fetching != METRICS_PATH:
-                    self.scrapes_filtered += 1
-                if not backend.was_healthy:
-                    log.info("backend %s (%s) answers its metrics: healthy", spec.id, spec.url)
+                self._record_ok(backend, outcome)
             else:
                 if not isinstance(outcome, ScrapeError | MetricsError):
                     log.error("backend %s: unexpected error while scraping", spec.id,
@@ -356,14 +449,8 @@ class Poller:
     def _scraped(self, backend: _Backend, snapshot: BackendSnapshot) -> None:
         """`_end` for a snapshot when no filtered answer failed in this scrape: the path of
         nearly every scrape, in fewer steps."""
-        spec = backend.spec
         try:
-            self._fleet.record_scrape(spec.id, snapshot)  # which resets the failures in a row
-            self.scrapes_ok += 1
-            if backend.fetching != METRICS_PATH:
-                self.scrapes_filtered += 1
-            if not backend.was_healthy:
-                log.info("backend %s (%s) answers its metrics: healthy", spec.id, spec.url)
+            self._record_ok(backend, snapshot)
         finally:
             backend.busy = False
             k = backend.started_k + 1  # the next grid point, unless the scrape overran it
@@ -372,10 +459,22 @@ class Poller:
                 k = math.ceil((now - backend.first) / self._interval - 1e-9)
             backend.next_k = k
 
+    def _record_ok(self, backend: _Backend, snapshot: BackendSnapshot) -> None:
+        spec = backend.spec
+        self._fleet.record_scrape(spec.id, snapshot)  # which resets the failures in a row
+        self.scrapes_ok += 1
+        if backend.fetching != METRICS_PATH:
+            self.scrapes_filtered += 1
+            if backend.fetching == backend.hot:
+                self.scrapes_hot += 1
+        if not backend.was_healthy:
+            log.info("backend %s (%s) answers its metrics: healthy", spec.id, spec.url)
+
     def _failed(self, backend: _Backend, exc: Exception) -> None:
         spec = backend.spec
         self._fleet.record_failure(spec.id, self._clock())
         self.scrapes_failed += 1
+        backend.slow = None  # it may answer next as another server: every name, first
         if self._on_error is not None:
             self._on_error(spec.id, type(exc).__name__)
         why = f"{type(exc).__name__}: {exc}"
@@ -383,6 +482,7 @@ class Poller:
             log.warning("backend %s (%s) marked unhealthy: %s", spec.id, spec.url, why)
             # When it answers again, it may be another server: filtering gets another try.
             backend.unfiltered = None
+            backend.tiered = self._full_every > 1
             family = spec.metrics_format or (
                 backend.last_reading.family if backend.last_reading is not None else None)
             if family is not None:
@@ -393,12 +493,28 @@ class Poller:
 
 def _route(backend: _Backend, family: str) -> None:
     """Points the backend's next /metrics request at the filtered path for `family` when its
-    servers filter and that path has not failed on this backend, else at plain /metrics."""
+    servers filter and that path has not failed on this backend, else at plain /metrics; and
+    its hot scrapes at `family`'s hot path, if any and tiers are on, once a full answer came."""
     path = filtered_path(family) if family != backend.unfiltered else None
+    backend.slow = None
     if path is None:
-        backend.path, backend.path_family = METRICS_PATH, None
+        backend.path, backend.path_family, backend.hot = METRICS_PATH, None, None
     else:
         backend.path, backend.path_family = path, family
+        backend.hot = hot_path(family) if backend.tiered else None
+
+
+def _completed(backend: _Backend, reading: Reading) -> Reading:
+    """A hot answer's reading completed with the last full answer's slow groups. Raises
+    MetricsError (the scrape then asks for every name) when it is not of the backend's format
+    or lacks a moving series the full answer had."""
+    slow, groups = backend.slow, reading.groups
+    if slow is None or reading.family != backend.path_family:
+        raise MetricsError(f"a hot answer of another format ({reading.family})")
+    for name in backend.hot_names:
+        if name not in groups:
+            raise MetricsError(f"a hot answer without {name}, which the full answer had")
+    return completed(reading, slow)
 
 
 def retry_delay(interval: float, failures: int, threshold: int, backoff_max: float) -> float:

@@ -34,6 +34,7 @@ model_aliases:
 routing:
   policy: round_robin
   poll_interval_s: 0.5
+  poll_group_size: 16
   max_snapshot_age_s: 2
   failure_threshold: 5
 """
@@ -50,6 +51,7 @@ def test_a_full_file_loads_into_typed_settings(tmp_path: Path) -> None:
     assert settings.server.port == 9000 and settings.server.host == "0.0.0.0"
     assert settings.model_aliases == {"gpt-4o": "llama-3-8b"}
     assert settings.routing.failure_threshold == 5
+    assert settings.routing.poll_group_size == 16
     specs = settings.backend_specs()
     assert [s.id for s in specs] == ["gpu-a", "b1"]  # unnamed backends get b<position>
     assert specs[0].metrics_format == "vllm" and specs[0].weight == 2.0
@@ -81,6 +83,8 @@ def test_settings_are_frozen() -> None:
         pytest.param("backends: [{url: 'http://h:99999'}]\n", "backends.0.url", id="bad port"),
         pytest.param("server: {port: many}\n", "server.port", id="wrong type"),
         pytest.param("routing: {policy: nope}\n", "routing.policy", id="unknown policy"),
+        pytest.param("routing: {poll_group_size: 0}\n", "routing.poll_group_size",
+                     id="empty poll group"),
         pytest.param("backends: [{url: 'http://h', metrics_format: x}]\n",
                      "backends.0.metrics_format", id="unknown metrics format"),
         pytest.param("backends: [{url: 'http://a', id: x}, {url: 'http://b', id: x}]\n",

@@ -69,11 +69,16 @@ _RENAMED = (
 # Every sample name `read` may read, current and older: what the poller asks a server for when
 # it filters (`/metrics?name[]=...`, routing/metrics/query.py).
 SAMPLE_NAMES = tuple(dict.fromkeys((*NAMES, *TAIL, *(old for _, old in _RENAMED))))
+# What seldom changes: the cache config (KV capacity), the LoRA adapters, and the success counter
+# (read only to tell the simulator). The others move with the load: `HOT_NAMES`, what the poller
+# asks for between its scrapes of every name (routing/metrics/query.py, routing/poller.py).
+SLOW = (CACHE_CONFIG, LORA_INFO, SUCCESS)
+HOT_NAMES = tuple(name for name in SAMPLE_NAMES if name not in SLOW)
 _SIM_CACHE_LABELS = frozenset({"block_size", "num_gpu_blocks"})
 _PREFIX_NAMES = tuple(zip(PREFIX_QUERIES, PREFIX_HITS, strict=True))
-# The groups `build` reads as samples; the others (cache config, LoRA info, success counter) it
-# reads from their bytes, through memos, and `snapshot_of` need not parse them.
-PARSED = frozenset(SAMPLE_NAMES) - {CACHE_CONFIG, LORA_INFO, SUCCESS}
+# The groups `build` reads as samples; the slow ones it reads from their bytes, through memos,
+# and `snapshot_of` need not parse them.
+PARSED = frozenset(HOT_NAMES)
 
 _READER = SeriesReader(NAMES, TAIL, _RENAMED)
 
