@@ -129,3 +129,11 @@ def test_summary_figures_follow_their_definitions() -> None:
     queries = sum(b.prefix_queries_tokens for b in out.backends)
     assert s.prefix_hit_rate == pytest.approx(hits / queries)
     assert s.load_imbalance is not None and s.load_imbalance >= 1.0
+
+
+def test_every_dispatched_request_records_what_the_gateway_predicted_for_it() -> None:
+    out = _run(_items("chat", rate=8.0), policy="cost")
+    done = [r for r in out.requests if r.rejected is None]
+    assert done and all(r.predicted_ttft_s > 0.0 and r.predicted_tpot_s > 0.0 for r in done)
+    # Predictions are of time from dispatch: the gateway queue is not in them.
+    assert all(math.isfinite(r.predicted_ttft_s) for r in done)

@@ -84,6 +84,11 @@ class RequestOutcome:
     first_token_s: float
     end_s: float
     rejected: str | None  # the Rejection code, or TOO_LONG; None when it completed
+    # What the gateway predicted for it on the backend it was sent to (routing/ttft.py): time
+    # from dispatch to the first token, and TPOT. NaN without a prediction (baselines that
+    # route without one still get one: the Dispatcher predicts for every candidate).
+    predicted_ttft_s: float = math.nan
+    predicted_tpot_s: float = math.nan
 
     @property
     def ttft_s(self) -> float:
@@ -175,6 +180,7 @@ class _Run:
         self.prompt_len = [0] * n
         self.backend_of: list[str | None] = [None] * n
         self.queue_wait = [0.0] * n
+        self.predicted = [(math.nan, math.nan)] * n  # (TTFT from dispatch, TPOT) per request
         self.first = [math.nan] * n
         self.end = [math.nan] * n
         self.out_tokens = [0] * n
@@ -260,6 +266,9 @@ class _Run:
         prompt = item.prompt_ids()
         self.prompt_len[i] = len(prompt)
         self.queue_wait[i] = dispatch.queue_wait_s
+        pred = dispatch.prediction
+        if pred is not None:
+            self.predicted[i] = (pred.predicted_ttft_s, pred.predicted_tpot_s)
         try:
             backend.engine.add(SimRequest(dispatch.job.request_id, prompt, item.max_tokens,
                                           item.output_tokens))
@@ -365,7 +374,8 @@ class _Run:
             RequestOutcome(item.arrival_s, item.kind, self.prompt_len[i] or item.prompt_tokens,
                            self.out_tokens[i], self.backend_of[i], self.queue_wait[i],
                            self.first[i] if self.rejected[i] is None else nan,
-                           self.end[i] if self.rejected[i] is None else nan, self.rejected[i])
+                           self.end[i] if self.rejected[i] is None else nan, self.rejected[i],
+                           *self.predicted[i])
             for i, item in enumerate(self.items))
         backends = []
         for b in self.backends:
