@@ -61,17 +61,19 @@ interval and reports into the Fleet.
   another format. When plain fails too, the backend is failing, not the filter: it stays on the
   filtered path. Connection failures and timeouts are failures on either path. So the
   optimisation never costs a backend its state or its health.
-- Tiers: of a filtered vLLM answer, only the load series move from scrape to scrape (running,
-  waiting, KV usage, preemptions, prefix-cache counters); the cache config (the KV capacity),
-  the LoRA adapters and the success counter (read only to tell the simulator) seldom do
-  (routing/metrics/query.py). So a backend on a filtered path that has a hot tier asks for every
-  name at one grid point in `full_every` (default: about once a second, 10 at 100 ms), and for
-  the moving names only (its hot path) at the others. A hot answer's series are completed with
-  the last full answer's slow ones; the snapshot is still built, and replaced, whole at every
-  scrape. A scrape asks for every name when no full answer is held: the first filtered scrape,
-  and the one after any failure, fallback or change of path or format. Staleness bound: the
-  cache config, hence KV capacity and block size, and the LoRA adapters in a snapshot were read
-  less than `full_every` intervals (+ one scrape's time) before its `taken_at`; a restarted
+- Tiers: of a filtered vLLM answer, routing needs only the load gauges (running, waiting, KV
+  usage) fresh at every scrape. The cumulative counters (preemptions, prefix-cache queries and
+  hits) move too, but are only read as totals; the cache config (the KV capacity), the LoRA
+  adapters and the success counter (read only to tell the simulator) seldom change
+  (routing/metrics/vllm.py `HOT_NAMES`, routing/metrics/query.py). So a backend on a filtered
+  path that has a hot tier asks for every name at one grid point in `full_every` (default:
+  about once a second, 10 at 100 ms), and for the gauges only (its hot path) at the others. A
+  hot answer's series are completed with the last full answer's others; the snapshot is still
+  built, and replaced, whole at every scrape. A scrape asks for every name when no full answer
+  is held: the first filtered scrape, and the one after any failure, fallback or change of
+  path or format. Staleness bound: the counters, the cache config (hence KV capacity and block
+  size) and the LoRA adapters in a snapshot were read less than `full_every` intervals (+ one
+  scrape's time) before its `taken_at`; a restarted
   server with another config fails a scrape or answers a full one within that time. A hot
   answer that is not the format, lacks a moving series the last full answer had, or is not a
   200 is not a failure by itself: the same scrape asks for every name, within its deadline,
