@@ -283,21 +283,13 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         reader = self._reader
         if reader is None:
-            done = self._done
-            if done is None:
+            if self._done is None:
                 self._end(None, keep=False)  # unasked-for bytes: the stream cannot be trusted
                 return
             self._answered = True
             body = whole_ok_body(data, self._max_body)  # the common case, in a few steps
             if body is not None:
-                transport = self._transport
-                if transport is not None and not transport.is_closing():
-                    # `_end(body, keep=True)`, inlined: the path of nearly every scrape
-                    self._done = self._retry = None
-                    self.reusable = True
-                    done(body)
-                else:
-                    self._end(body, keep=True)
+                self._end(body, keep=True)
                 return
             reader = self._reader = ResponseReader(self._max_body)
         try:
