@@ -25,7 +25,9 @@
      The poller reads plain /metrics once, detects vLLM, then scrapes the filtered path
      (routing/metrics/query.py); the "name[]" column is the share of scrapes that asked for it.
      Between its scrapes of every name (about one a second), it asks for the moving series only
-     (the tiers of routing/poller.py): the "hot" column.
+     (the tiers of routing/poller.py): the "hot" column. A hot answer that differs from the
+     last one parsed whole only in its numbers is read from them (routing/metrics/template.py):
+     the "numbers" column.
    - unfiltered: a server that ignores the query (as TGI, TensorRT-LLM and llama.cpp do, and
      vLLM versions whose own /metrics route shadows prometheus_client's): the fixture's bytes
      at every scrape, whatever the query. The poller still asks (name[] 100%) and reads the
@@ -37,7 +39,8 @@
      real server): unfiltered, the poller cuts the load series out, finds them equal and re-uses
      its snapshot; filtered, the answer holds no process series, so it is "same" again.
    - busy: running, KV usage and a counter change at every scrape: a parse every time (of the
-     series that changed: the others' samples are kept, routing/metrics/prom.py `GroupCache`).
+     series that changed: the others' samples are kept, routing/metrics/prom.py `GroupCache`),
+     or, for a filtered hot answer, its numbers read into the last snapshot's load figures.
    `--group-size` backends are scraped in the same instant (see routing/poller.py). The servers'
    CPU is not counted, but the filter saves theirs too: the last line of part 1 is what
    prometheus_client takes to render the whole vLLM V1 payload and the name[] answer.
@@ -303,18 +306,20 @@ async def measure_poller(
         await asyncio.sleep(max(2.0, 10 * interval))  # warm-up: connections open, caches hot
         ok0, failed0 = poller.scrapes_ok, poller.scrapes_failed
         filtered0, hot0 = poller.scrapes_filtered, poller.scrapes_hot
+        numbers0 = poller.scrapes_templated
         usage0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         await asyncio.sleep(seconds)
         usage1, wall1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         ok, failed = poller.scrapes_ok - ok0, poller.scrapes_failed - failed0
         filtered = poller.scrapes_filtered - filtered0
         hot = poller.scrapes_hot - hot0
+        numbers = poller.scrapes_templated - numbers0
     healthy = sum(fleet.is_healthy(spec.id) for spec in specs)
     wall = wall1 - wall0
     user = (usage1.ru_utime - usage0.ru_utime) / wall
     system = (usage1.ru_stime - usage0.ru_stime) / wall
     return (user, system, ok / wall, failed / wall, float(healthy), filtered / max(ok, 1),
-            hot / max(ok, 1))
+            hot / max(ok, 1), numbers / max(ok, 1))
 
 
 async def measure_http_only(ports: list[int], interval: float, seconds: float) -> float:
@@ -381,21 +386,23 @@ def poller_shares(args: argparse.Namespace) -> dict[str, float]:
           f"groups of {args.group_size}, vLLM V1 payload ({args.loop}, {args.seconds:.0f} s each);"
           f" target < {TARGET_SHARE:.0%} of one core")
     print("  CPU: this process (the poller); name[]: the share of scrapes that asked for only the"
-          " series read; hot: for only the moving ones")
+          " series read; hot: for only the moving ones; numbers: hot answers read from their"
+          " numbers (a template)")
     print(f"  {'server':<11}{'payloads':<9}{'CPU':>7}{'user':>8}{'system':>8}   {'target':<7}"
-          f"{'scrapes/s':>10}{'failed/s':>9}{'healthy':>8}{'name[]':>8}{'hot':>6}")
+          f"{'scrapes/s':>10}{'failed/s':>9}{'healthy':>8}{'name[]':>8}{'hot':>6}{'numbers':>9}")
     shares: dict[str, float] = {}
     for flavour in args.servers:
         for kind in args.payloads:
             with servers(args, kind, flavour) as ports:
-                user, system, rate, failures, healthy, filtered, hot = run(
+                user, system, rate, failures, healthy, filtered, hot, numbers = run(
                     measure_poller(ports, args.interval, args.seconds, args.group_size,
                                    args.full_every)
                 )
             share = shares[f"{flavour} {kind}"] = user + system
             print(f"  {flavour:<11}{kind:<9}{share:7.2%}{user:8.2%}{system:8.2%}   "
                   f"{_verdict(share):<7}{rate:10.1f}{failures:9.1f}"
-                  f"{f'{healthy:.0f}/{args.backends}':>8}{filtered:8.0%}{hot:6.0%}")
+                  f"{f'{healthy:.0f}/{args.backends}':>8}{filtered:8.0%}{hot:6.0%}"
+                  f"{numbers:9.0%}")
     if args.aiohttp:
         with servers(args, "same", "unfiltered") as ports:
             http_only = shares["aiohttp"] = run(

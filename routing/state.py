@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 METRICS_FORMATS: tuple[str, ...] = (
     "vllm",  # vLLM V1 engine (also llm-d-inference-sim, which has no reserved block)
@@ -41,9 +42,12 @@ class BackendSpec:
     max_batch_total_tokens: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class BackendSnapshot:
-    """One scrape of a backend's load endpoint, as the server reported it."""
+class BackendSnapshot(NamedTuple):
+    """One scrape of a backend's load endpoint, as the server reported it.
+
+    A NamedTuple rather than a frozen dataclass: the poller makes one per scrape (~320 a second
+    for 32 backends) and the fleet simulator far more; one costs ~0.9 µs to make against ~4.
+    Replace fields with `_replace`."""
 
     taken_at: float
     format: str

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -307,7 +306,7 @@ def test_admin_rows_have_every_design_field_and_null_where_unknown() -> None:
 
 def test_admin_rows_report_the_snapshot_the_ledger_and_the_poll_age() -> None:
     f = Fleet([BackendSpec(id="b0", url="http://127.0.0.1:8001", models=("llama-3-8b",))])
-    snap = dataclasses.replace(snapshot(10.0, free=1204, total=2810), running=37, waiting=2)
+    snap = snapshot(10.0, free=1204, total=2810)._replace(running=37, waiting=2)
     f.record_scrape("b0", snap)
     with f.lease("b0", 310, 9.0):
         (row,) = f.admin_rows(10.084)

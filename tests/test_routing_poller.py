@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -312,4 +311,4 @@ def test_a_restamped_snapshot_differs_only_in_its_time() -> None:
         block_size=16, running=3, waiting=1, preemptions=2, prefix_cache_hit_rate=0.5,
         models=("m",),
     )
-    assert restamped(snap, 2.5) == dataclasses.replace(snap, taken_at=2.5)
+    assert restamped(snap, 2.5) == snap._replace(taken_at=2.5)

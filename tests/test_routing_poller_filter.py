@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -42,7 +41,7 @@ def expected(payload: bytes, fmt: str | None = None) -> BackendSnapshot:
 
 
 def same_state(a: BackendSnapshot, b: BackendSnapshot) -> bool:
-    return dataclasses.replace(a, taken_at=0.0) == dataclasses.replace(b, taken_at=0.0)
+    return a._replace(taken_at=0.0) == b._replace(taken_at=0.0)
 
 
 class Recorder:

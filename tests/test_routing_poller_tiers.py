@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.aiohttp import make_aiohttp_handler
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.bench_parse import fixture_registry
@@ -383,3 +383,91 @@ async def test_kvgate_scrapes_a_vllm_simulator_hot_between_full_scrapes(fmt: str
             whole = await resp.read()
     assert poller.scrapes_failed == 0 and poller.scrapes_filtered == poller.scrapes_ok - 1
     assert got is not None and same_state(got, parse_metrics(whole, taken_at=0.0))
+
+
+# Hot answers read from their numbers (routing/metrics/template.py).
+
+
+class Waiting:
+    """vLLM's waiting gauge as one collector, moving at every collection, its model label
+    settable while the server runs."""
+
+    def __init__(self) -> None:
+        self.model = "meta-llama/Llama-3.1-8B-Instruct"
+        self.collected = 0
+
+    def family(self) -> Metric:
+        family = GaugeMetricFamily(vllm.WAITING, "Number of requests waiting to be processed.",
+                                   labels=["engine", "model_name"])
+        family.add_metric(["0", self.model], float(self.collected % 5))
+        return family
+
+    def describe(self) -> list[Metric]:
+        return [self.family()]
+
+    def collect(self) -> list[Metric]:
+        self.collected += 1
+        return [self.family()]
+
+
+class Answers:
+    """prometheus_client's answers over `registry`, each one kept with the names it was for."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.served: list[tuple[list[str] | None, bytes]] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        names = names_asked(request.query_string)
+        registry = self.registry if names is None else self.registry.restricted_registry(names)
+        body = generate_latest(registry)
+        self.served.append((names, body))
+        return web.Response(body=body, content_type="text/plain")
+
+    def snapshots(self) -> list[BackendSnapshot]:
+        """What a whole parse makes of each answer: a hot one completed with the slow groups of
+        the last full one."""
+        out: list[BackendSnapshot] = []
+        slow: dict[str, bytes] = {}
+        for names, body in self.served:
+            reading = read_metrics(body, format="vllm")
+            if names == HOT:
+                reading = completed(reading, slow)
+            else:
+                slow = slow_groups("vllm", reading.groups)
+            out.append(snapshot_of(reading, taken_at=0.0))
+        return out
+
+
+async def test_hot_answers_read_from_their_numbers_give_what_a_whole_parse_gives() -> None:
+    # A busy server: running, KV usage, waiting and a prefix-cache counter move at every
+    # request. Then the hot answers' labels change (a new model name: read whole again), and the
+    # cache config changes (seen from the next full answer on).
+    rest, config_lines = without_family(VLLM_V1_TEXT, vllm.CACHE_CONFIG)
+    rest, _ = without_family(rest, vllm.WAITING)
+    registry = fixture_registry(rest, "busy")
+    (config_family,) = text_string_to_metric_families(config_lines)
+    config, waiting = CacheConfig(config_family), Waiting()
+    registry.register(config)
+    registry.register(waiting)
+    answers = Answers(registry)
+    async with serving(answers.handle) as url, polling(url, full_every=4) as (poller, fleet):
+        await eventually(lambda: poller.scrapes_templated >= 6, "hot answers read from numbers")
+        waiting.model = "other/model"
+        await eventually(lambda: any("other/model" in (s.models or ()) for s in fleet.recorded),
+                         "the new model name")
+        templated = poller.scrapes_templated
+        await eventually(lambda: poller.scrapes_templated >= templated + 6, "numbers again")
+        config.set_blocks(5000)
+        await eventually(lambda: poller.scrapes_templated >= templated + 12
+                         and fleet.recorded[-1].kv_total_blocks == 5000, "the new capacity")
+        recorded = list(fleet.recorded)
+    assert poller.scrapes_failed == 0
+    want = answers.snapshots()
+    assert len(want) >= len(recorded) >= 20
+    for i, (got, expect) in enumerate(zip(recorded, want, strict=False)):
+        assert same_state(got, expect), i
+    # Most hot answers were read from their numbers; the preemption and prefix-cache figures
+    # moved with the full answers in between.
+    assert poller.scrapes_templated >= poller.scrapes_hot // 2
+    assert len({s.prefix_cache_hit_rate for s in recorded}) > 3

@@ -4,7 +4,6 @@ with only the samples asked for, SGLang (a multiprocess registry) with nothing."
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable
 from types import MappingProxyType
@@ -136,7 +135,7 @@ async def test_kvgate_scrapes_a_vllm_simulator_through_the_filter() -> None:
     got = fleet.snapshot("b")
     assert poller.scrapes_failed == 0
     assert got is not None
-    assert dataclasses.replace(got, taken_at=0.0) == parse_metrics(whole, taken_at=0.0)
+    assert got._replace(taken_at=0.0) == parse_metrics(whole, taken_at=0.0)
 
 
 async def test_kvgate_falls_back_to_plain_metrics_for_an_sglang_simulator() -> None:
@@ -144,4 +143,4 @@ async def test_kvgate_falls_back_to_plain_metrics_for_an_sglang_simulator() -> N
     got = fleet.snapshot("b")
     assert poller.scrapes_failed == 0 and poller.scrapes_filtered == 0
     assert got is not None and got.format == "sglang"
-    assert dataclasses.replace(got, taken_at=0.0) == parse_metrics(whole, taken_at=0.0)
+    assert got._replace(taken_at=0.0) == parse_metrics(whole, taken_at=0.0)

@@ -25,7 +25,7 @@ from typing import NamedTuple
 from routing.metrics import llamacpp, sglang, tgi, trtllm, vllm
 from routing.metrics.detect import detect_family
 from routing.metrics.llamacpp import Slots, parse_slots, with_slots
-from routing.metrics.prom import GroupCache, Groups, MetricsError, parse_groups
+from routing.metrics.prom import GroupCache, Groups, MetricsError, Samples, parse_groups
 from routing.state import METRICS_FORMATS, BackendSnapshot
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "parse_metrics",
     "parse_slots",
     "read_metrics",
+    "rebuilt",
     "snapshot_of",
     "with_slots",
 ]
@@ -117,3 +118,17 @@ def snapshot_of(
     if family == "trtllm":
         return trtllm.build(samples, taken_at=taken_at)
     return llamacpp.build(samples, taken_at=taken_at)
+
+
+# Formats whose snapshots can be re-made from new values of their load series alone.
+_REBUILDERS = {"vllm": vllm.rebuild, "vllm-v0": vllm.rebuild}
+
+
+def rebuilt(
+    family: str, snapshot: BackendSnapshot, load: Samples, groups: Groups, *, taken_at: float
+) -> BackendSnapshot | None:
+    """The snapshot of a reading of `family` that differs from the one `snapshot` was made of
+    (whose groups are `groups`) only in the values of its load series, whose samples are now
+    `load` (routing/metrics/vllm.py `rebuild`); None for a format that cannot tell."""
+    rebuild = _REBUILDERS.get(family)
+    return None if rebuild is None else rebuild(snapshot, load, groups, taken_at=taken_at)

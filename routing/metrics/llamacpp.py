@@ -108,9 +108,8 @@ def with_slots(snapshot: BackendSnapshot, slots: Slots) -> BackendSnapshot:
     elif snapshot.kv_usage is not None:
         used = round(snapshot.kv_usage * capacity)
     else:
-        return dataclasses.replace(snapshot, running=_first(snapshot.running, slots.processing))
-    return dataclasses.replace(
-        snapshot,
+        return snapshot._replace(running=_first(snapshot.running, slots.processing))
+    return snapshot._replace(
         kv_total_blocks=capacity,
         kv_free_blocks=capacity - used,
         kv_usage=used / capacity,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import lru_cache, partial
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -130,6 +130,37 @@ def build(
         prefix_cache_hit_rate=_hit_rate(samples),
         models=_models((running, waiting, usage_series), _adapters_of(groups.get(LORA_INFO))),
     )
+
+
+def rebuild(
+    snapshot: BackendSnapshot, load: Samples, groups: Groups, *, taken_at: float
+) -> BackendSnapshot:
+    """What `build` gives, taken at `taken_at`, for samples that differ from those it built
+    `snapshot` from only in the values of the load series: `load` holds the samples of every
+    load series (running, waiting, KV usage) that those had, with the same labels, and
+    `groups` are the same groups. `build` reads those values in three figures only (the
+    running and waiting counts, and the KV figures through `_kv`); every other field depends
+    on names, labels and the other groups alone, and is `snapshot`'s. The poller's hot answers
+    (routing/metrics/template.py)."""
+    get = load.get
+    config = _cache_config_of(groups.get(CACHE_CONFIG))
+    variant = snapshot.format
+    simulator = config.simulator or _success_says_simulator(groups.get(SUCCESS))
+    reserved = 1 if variant == "vllm" and not simulator else 0
+    total_blocks, free_blocks, usage = _kv(get(KV_USAGE) or get(KV_USAGE_OLD), config, reserved)
+    return _new_snapshot((
+        taken_at, variant, total_blocks, free_blocks, usage, snapshot.block_size,
+        count(get(RUNNING)), count(get(WAITING)), *snapshot[_AFTER_LOAD:],
+    ))
+
+
+# `rebuild` makes a snapshot from its fields in order: the load figures, then the others.
+_new_snapshot = partial(tuple.__new__, BackendSnapshot)
+_AFTER_LOAD = BackendSnapshot._fields.index("preemptions")
+assert BackendSnapshot._fields[:_AFTER_LOAD] == (
+    "taken_at", "format", "kv_total_blocks", "kv_free_blocks", "kv_usage", "block_size",
+    "running", "waiting",
+)
 
 
 def is_simulator(groups: Groups) -> bool:
