@@ -47,7 +47,7 @@ from gateway.proxy import Outcome, Proxy
 from gateway.telemetry import Telemetry
 from routing.fleet import Fleet
 from routing.policy import PolicyContext, build_router
-from routing.poller import Poller
+from routing.poller import Poller, full_every_for
 from routing.state import BackendSpec
 
 log = logging.getLogger("kvgate.gateway")
@@ -200,6 +200,8 @@ async def _backend_health(app: web.Application) -> AsyncIterator[None]:
         interval=settings.routing.poll_interval_s,
         timeout=settings.routing.scrape_timeout_s,
         group_size=settings.routing.poll_group_size,
+        full_every=full_every_for(
+            settings.routing.full_scrape_interval_s, settings.routing.poll_interval_s),
         clock=app[CLOCK],
         on_error=app[TELEMETRY].poll_error,
     )

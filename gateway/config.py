@@ -114,12 +114,18 @@ class RoutingSettings(_Section):
     session_header: str | None = None  # session affinity key; the body's `user` field otherwise
     # model -> tokenizer.json for exact prompt counts (needs the optional `tokenizers` package).
     tokenizers: dict[str, str] = Field(default_factory=dict)
-    poll_interval_s: float = Field(default=0.1, gt=0)  # ~3-6% of a core per 32 backends
+    # ~3-4.3% of a core per 32 vLLM backends; ~3.5-8% for servers that send their whole payload
+    poll_interval_s: float = Field(default=0.1, gt=0)
     # Backends scraped in the same instant (routing/poller.py): larger groups cost less CPU, but
     # each group's answers are parsed in one burst that delays the gateway's other work (32 busy
-    # vLLM backends: ~6% of a core, the loop up to ~6-8 ms late once per interval; groups of 8:
-    # ~8%, up to ~3-4 ms).
+    # vLLM backends: the loop up to ~6-8 ms late once per interval; groups of 8: ~2 points of a
+    # core more, up to ~3-4 ms).
     poll_group_size: int = Field(default=32, ge=1)
+    # vLLM backends are asked for every series they expose about this often, and for the load
+    # gauges alone in between (routing/poller.py, tiers): the counters, the cache config (KV
+    # capacity) and the LoRA adapters in a snapshot are at most this old. At or below
+    # `poll_interval_s`: every series at every scrape.
+    full_scrape_interval_s: float = Field(default=1.0, gt=0)
     scrape_timeout_s: float = Field(default=0.5, gt=0)  # one /metrics scrape, connect to body
     max_snapshot_age_s: float = Field(default=1.0, gt=0)
     # Failed scrapes or connections in a row that make a backend unhealthy.

@@ -70,7 +70,8 @@ interval and reports into the Fleet.
   adapters and the success counter (read only to tell the simulator) seldom change
   (routing/metrics/vllm.py `HOT_NAMES`, routing/metrics/query.py). So a backend on a filtered
   path that has a hot tier asks for every name at one grid point in `full_every` (default:
-  about once a second, 10 at 100 ms), and for the gauges only (its hot path) at the others. A
+  about once a second, 10 at 100 ms; the gateway's `routing.full_scrape_interval_s`), and for
+  the gauges only (its hot path) at the others. A
   hot answer's series are completed with the last full answer's others; the snapshot is still
   built, and replaced, whole at every scrape. A scrape asks for every name when no full answer
   is held: the first filtered scrape, and the one after any failure, fallback or change of
@@ -274,7 +275,7 @@ class Poller:
         if interval <= 0 or timeout <= 0 or group_size < 1:
             raise ValueError("need a positive poll interval, scrape timeout and group size")
         if full_every is None:
-            full_every = max(1, round(1.0 / interval))
+            full_every = full_every_for(1.0, interval)
         if full_every < 1:
             raise ValueError("need full_every >= 1")
         self._fleet = fleet
@@ -614,6 +615,14 @@ def _completed(backend: _Backend, reading: Reading) -> Reading:
         if name not in groups:
             raise MetricsError(f"a hot answer without {name}, which the full answer had")
     return completed(reading, slow)
+
+
+def full_every_for(full_interval: float, interval: float) -> int:
+    """`Poller`'s `full_every` for a scrape of every name about every `full_interval` seconds
+    when polling every `interval`: 1 (every name at every scrape) when that is not longer."""
+    if full_interval <= 0 or interval <= 0:
+        raise ValueError("need positive intervals")
+    return max(1, round(full_interval / interval))
 
 
 def retry_delay(interval: float, failures: int, threshold: int, backoff_max: float) -> float:

@@ -35,6 +35,7 @@ routing:
   policy: round_robin
   poll_interval_s: 0.5
   poll_group_size: 16
+  full_scrape_interval_s: 2.5
   max_snapshot_age_s: 2
   failure_threshold: 5
 """
@@ -52,6 +53,7 @@ def test_a_full_file_loads_into_typed_settings(tmp_path: Path) -> None:
     assert settings.model_aliases == {"gpt-4o": "llama-3-8b"}
     assert settings.routing.failure_threshold == 5
     assert settings.routing.poll_group_size == 16
+    assert settings.routing.full_scrape_interval_s == 2.5
     specs = settings.backend_specs()
     assert [s.id for s in specs] == ["gpu-a", "b1"]  # unnamed backends get b<position>
     assert specs[0].metrics_format == "vllm" and specs[0].weight == 2.0
@@ -85,6 +87,8 @@ def test_settings_are_frozen() -> None:
         pytest.param("routing: {policy: nope}\n", "routing.policy", id="unknown policy"),
         pytest.param("routing: {poll_group_size: 0}\n", "routing.poll_group_size",
                      id="empty poll group"),
+        pytest.param("routing: {full_scrape_interval_s: 0}\n",
+                     "routing.full_scrape_interval_s", id="no full scrape interval"),
         pytest.param("backends: [{url: 'http://h', metrics_format: x}]\n",
                      "backends.0.metrics_format", id="unknown metrics format"),
         pytest.param("backends: [{url: 'http://a', id: x}, {url: 'http://b', id: x}]\n",

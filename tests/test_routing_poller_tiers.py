@@ -23,6 +23,8 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.config import Settings
+from gateway.serve import running_gateway
 from loadtest.bench_parse import fixture_registry
 from loadtest.sim.launch import running_sim
 from routing.fleet import Fleet
@@ -34,7 +36,7 @@ from routing.metrics.query import (
     hot_path,
     slow_groups,
 )
-from routing.poller import Poller
+from routing.poller import Poller, full_every_for
 from routing.state import BackendSnapshot, BackendSpec
 from tests.paths import FIXTURES, eventually
 from tests.test_routing_poller_filter import (
@@ -125,6 +127,15 @@ def test_a_group_the_hot_answer_carries_itself_is_the_fresher_one() -> None:
     merged = completed(fresh, stale)
     assert merged == fresh and stale[vllm.CACHE_CONFIG] != merged.groups[vllm.CACHE_CONFIG]
     assert snapshot_of(merged, taken_at=0.0).kv_total_blocks == 999
+
+
+@pytest.mark.parametrize(("full_s", "interval_s", "every"), [
+    (1.0, 0.1, 10), (1.0, 0.25, 4), (0.5, 0.5, 1), (0.05, 0.1, 1), (2.5, 0.1, 25),
+])
+def test_the_full_scrape_interval_is_a_whole_number_of_poll_intervals(
+    full_s: float, interval_s: float, every: int
+) -> None:
+    assert full_every_for(full_s, interval_s) == every
 
 
 def test_full_every_must_be_positive() -> None:
@@ -471,3 +482,25 @@ async def test_hot_answers_read_from_their_numbers_give_what_a_whole_parse_gives
     # moved with the full answers in between.
     assert poller.scrapes_templated >= poller.scrapes_hot // 2
     assert len({s.prefix_cache_hit_rate for s in recorded}) > 3
+
+
+@pytest.mark.parametrize(("full_s", "hot_between"), [(0.02, False), (0.1, True)],
+                         ids=["at the poll interval: every name", "5 intervals: hot between"])
+async def test_the_gateway_asks_for_every_name_as_often_as_configured(
+    full_s: float, hot_between: bool
+) -> None:
+    recorder = Recorder(make_aiohttp_handler(fixture_registry(VLLM_V1_TEXT, "busy")))
+    async with serving(recorder.handle) as url:
+        settings = Settings.model_validate({
+            "server": {"port": 0},
+            "backends": [{"url": url, "metrics_format": "vllm"}],
+            "routing": {"poll_interval_s": 0.02, "full_scrape_interval_s": full_s},
+        })
+        async with running_gateway(settings):
+            await eventually(lambda: len(recorder.queries) >= 12, "a dozen scrapes")
+    queries = [names_asked(q) for q in recorder.queries[:12]]
+    assert queries[0] == FULL
+    if hot_between:
+        assert max(runs_of_hot(queries)) <= 4 and HOT in queries
+    else:
+        assert all(names == FULL for names in queries)
