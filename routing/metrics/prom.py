@@ -49,7 +49,7 @@ _LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*(?:\\.[
 _ESCAPE = re.compile(r"\\(.)")
 # A sample line: name, the labels (up to the line's last `}`, so a `}` in a value is kept), the
 # first word after them (a timestamp after it is ignored).
-_SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+([^ \t\r\n]+)", re.M)
+SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+([^ \t\r\n]+)", re.M)
 _UNESCAPED = {"n": "\n"}
 
 
@@ -64,8 +64,8 @@ class Sample(NamedTuple):
 
 Samples = dict[str, list[Sample]]
 # Sample((labels, value)) without NamedTuple's Python-level __new__: the reader's inner loop.
-_new_sample: Callable[[tuple[Mapping[str, str], float]], Sample] = partial(tuple.__new__, Sample)
-_NO_LABELS: Mapping[str, str] = MappingProxyType({})
+new_sample: Callable[[tuple[Mapping[str, str], float]], Sample] = partial(tuple.__new__, Sample)
+NO_LABELS: Mapping[str, str] = MappingProxyType({})
 
 
 Groups = dict[str, bytes]  # sample name -> its group of lines, as the payload holds them
@@ -131,7 +131,7 @@ def parse_groups(
                 out[name] = kept
             continue
         samples: list[Sample] = []
-        lines = _SAMPLE_LINE.findall(group.decode("utf-8", "replace"))
+        lines = SAMPLE_LINE.findall(group.decode("utf-8", "replace"))
         for line_name, raw_labels, raw_value in lines:
             if line_name != name:
                 continue  # a `_created` sibling
@@ -139,8 +139,8 @@ def parse_groups(
                 value = float(raw_value)
             except ValueError:
                 continue
-            labels = parse_labels(raw_labels) if raw_labels else _NO_LABELS
-            samples.append(_new_sample((labels, value)))
+            labels = parse_labels(raw_labels) if raw_labels else NO_LABELS
+            samples.append(new_sample((labels, value)))
         if samples:
             out[name] = samples
     return out

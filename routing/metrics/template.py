@@ -34,11 +34,11 @@ import re
 from collections.abc import Collection, Mapping
 
 from routing.metrics.prom import (
-    _NO_LABELS,
-    _SAMPLE_LINE,
+    NO_LABELS,
+    SAMPLE_LINE,
     Sample,
     Samples,
-    _new_sample,
+    new_sample,
     parse_labels,
 )
 from routing.metrics.scan import SMALL_PAYLOAD
@@ -90,13 +90,13 @@ class ValueTemplate:
         skeleton = [*map(bytes.__add__, texts, prefixes), texts[-1]]
         slots: list[Slot] = []
         for prefix, raw in zip(prefixes, values, strict=True):
-            line = _SAMPLE_LINE.match((prefix + raw).decode("utf-8", "replace"))
+            line = SAMPLE_LINE.match((prefix + raw).decode("utf-8", "replace"))
             if line is None or line.group(3).encode() != raw:
                 return None  # not a sample line whose value is its last word
             name, raw_labels = line.group(1), line.group(2)
             if name not in names:
                 return None  # a value of another series, which the snapshot may depend on
-            slots.append((name, parse_labels(raw_labels) if raw_labels else _NO_LABELS))
+            slots.append((name, parse_labels(raw_labels) if raw_labels else NO_LABELS))
         template = cls(skeleton, tuple(slots), names)
         again = template.samples_of(payload)
         if again is None or any(not _same(again[name], samples[name]) for name in names):
@@ -120,7 +120,7 @@ class ValueTemplate:
         out: Samples = {name: [] for name in self._names}
         try:
             for (name, labels), raw in zip(self._slots, values, strict=True):
-                out[name].append(_new_sample((labels, float(raw))))
+                out[name].append(new_sample((labels, float(raw))))
         except ValueError:
             return None
         return out
