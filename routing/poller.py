@@ -213,9 +213,9 @@ class _HotTemplate:
         slow: Groups, hot_names: tuple[str, ...],
     ) -> _HotTemplate:
         values = ValueTemplate.of(body, samples, hot_names)
-        if values is not None:
-            load = values.samples_of(body)
-            again = None if load is None else rebuilt(
+        if values is not None:  # which read these samples back from `body`
+            load = {name: samples[name] for name in hot_names}
+            again = rebuilt(
                 reading.family, snapshot, load, reading.groups, taken_at=snapshot.taken_at)
             if again != snapshot:
                 values = None

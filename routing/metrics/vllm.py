@@ -106,8 +106,7 @@ def build(
     running, waiting = get(RUNNING), get(WAITING)
     if not usage_series and running is None and waiting is None:
         raise MetricsError("no vLLM load metrics (vllm:num_requests_running, KV usage)")
-    config = _cache_config_of(groups.get(CACHE_CONFIG))
-    simulator = config.simulator or _success_says_simulator(groups.get(SUCCESS))
+    config, simulator = _config_of(groups)
     if variant is None:
         has_engines = False
         for sample in usage_series or running or ():
@@ -115,8 +114,7 @@ def build(
                 has_engines = True
                 break
         variant = "vllm" if KV_USAGE in samples or has_engines or simulator else "vllm-v0"
-    reserved = 1 if variant == "vllm" and not simulator else 0
-    total_blocks, free_blocks, usage = _kv(usage_series, config, reserved)
+    total_blocks, free_blocks, usage = _kv(usage_series, config, _reserved(variant, simulator))
     return BackendSnapshot(
         taken_at=taken_at,
         format=variant,
@@ -143,11 +141,10 @@ def rebuild(
     on names, labels and the other groups alone, and is `snapshot`'s. The poller's hot answers
     (routing/metrics/template.py)."""
     get = load.get
-    config = _cache_config_of(groups.get(CACHE_CONFIG))
+    config, simulator = _config_of(groups)
     variant = snapshot.format
-    simulator = config.simulator or _success_says_simulator(groups.get(SUCCESS))
-    reserved = 1 if variant == "vllm" and not simulator else 0
-    total_blocks, free_blocks, usage = _kv(get(KV_USAGE) or get(KV_USAGE_OLD), config, reserved)
+    total_blocks, free_blocks, usage = _kv(
+        get(KV_USAGE) or get(KV_USAGE_OLD), config, _reserved(variant, simulator))
     return _new_snapshot((
         taken_at, variant, total_blocks, free_blocks, usage, snapshot.block_size,
         count(get(RUNNING)), count(get(WAITING)), *snapshot[_AFTER_LOAD:],
@@ -161,6 +158,17 @@ assert BackendSnapshot._fields[:_AFTER_LOAD] == (
     "taken_at", "format", "kv_total_blocks", "kv_free_blocks", "kv_usage", "block_size",
     "running", "waiting",
 )
+
+
+def _config_of(groups: Groups) -> tuple[_CacheConfig, bool]:
+    """The cache config, and whether the server is llm-d-inference-sim."""
+    config = _cache_config_of(groups.get(CACHE_CONFIG))
+    return config, config.simulator or _success_says_simulator(groups.get(SUCCESS))
+
+
+def _reserved(variant: str, simulator: bool) -> int:
+    """Blocks kept out of the pool: V1's null block (not the simulator's, not V0's)."""
+    return 1 if variant == "vllm" and not simulator else 0
 
 
 def is_simulator(groups: Groups) -> bool:
