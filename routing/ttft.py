@@ -395,27 +395,33 @@ class ProfileEstimator:
     two loads rise together). One scale is identified robustly from few samples. A reply's TPOT
     is its mean step (module docstring), so with the prior's coefficients
         tpot = scale x (base + per_kv_token x kv_read + prefill load x tpot / prefill speed)
-    which is linear in `scale`: a weighted least-squares ratio over observations whose weights
-    halve every `half_life`, seeded with `prior_weight` observations at scale 1, held within
-    [1/100, 100].
+    which is linear in `scale`, so each observation gives one reading of it: observed over
+    modelled time. `scale` is their geometric mean (the mean of their logs), over observations
+    whose weights halve every `half_life`, seeded with `prior_weight` observations at
+    `initial_scale`, held within [1/100, 100]. That is the maximum-likelihood scale when times
+    scatter log-normally around the model, as the goodput score takes them to. A least-squares
+    ratio would weigh each observation by its modelled time squared: the few replies that ran
+    under the heaviest prefill load, whose modelled time is the largest and the least exact,
+    would set the speed for every other. On the mixed fleet it read the H100s slower and the
+    L40Ss faster than their typical replies (loadtest/README.md, session 5).
     """
-
-    _KV_REF = 100_000.0  # KV tokens read by the prior's pseudo-observations
 
     def __init__(
         self,
         prior: BackendProfile | None = None,
         *,
         half_life: float = 200.0,
-        prior_weight: float = 1.0,
+        prior_weight: float = 0.5,
         initial_scale: float = SLOW_START_SCALE,
     ) -> None:
+        if not (prior_weight > 0.0 and initial_scale > 0.0 and half_life > 0.0):
+            raise ValueError("prior_weight, initial_scale and half_life must be > 0")
         p = prior or BackendProfile()
         self._prior = p
         self._decay = 0.5 ** (1.0 / half_life)
-        z = p.decode_step_s(self._KV_REF)
-        self._zz = prior_weight * z * z  # decayed sums of model x model and model x observed
-        self._zy = prior_weight * z * z * initial_scale
+        # Decayed sums of the observations' weights and of their log(observed / modelled).
+        self._weight = prior_weight
+        self._log_sum = prior_weight * math.log(initial_scale)
         self._profile: BackendProfile | None = None
         self._tpots = 0  # TPOTs observed so far
 
@@ -437,29 +443,30 @@ class ProfileEstimator:
         y = seconds - p.overhead_s
         if not (z > 0.0 and y > 0.0 and math.isfinite(z)):
             return
-        d = self._decay
-        self._zz = self._zz * d + z * z
-        self._zy = self._zy * d + z * y
-        self._profile = None
+        self._observe(y / z)
 
     def observe_tpot(self, kv_read_tokens: float, prefill_tokens_per_s: float,
                      seconds: float) -> None:
         """One reply's time per output token; `kv_read_tokens` and `prefill_tokens_per_s` as
         predicted at its dispatch (`Prediction.kv_read_tokens`, `.prefill_tokens_per_s`)."""
-        if not seconds > 0.0:
+        if not 0.0 < seconds < math.inf:
             return
         p = self._prior
         z = p.decode_step_s(kv_read_tokens) + prefill_tokens_per_s * seconds / (
             p.prefill_tokens_per_s)
-        d = self._decay
-        self._zz = self._zz * d + z * z
-        self._zy = self._zy * d + z * seconds
-        self._profile = None
+        self._observe(seconds / z)
         self._tpots += 1
+
+    def _observe(self, ratio: float) -> None:
+        """One reading of the scale: an observed time over the prior's model of it."""
+        d = self._decay
+        self._weight = self._weight * d + 1.0
+        self._log_sum = self._log_sum * d + math.log(ratio)
+        self._profile = None
 
     @property
     def scale(self) -> float:
-        return min(100.0, max(0.01, self._zy / self._zz))
+        return min(100.0, max(0.01, math.exp(self._log_sum / self._weight)))
 
     def profile(self) -> BackendProfile:
         if self._profile is None:
