@@ -183,19 +183,21 @@ def _trace_items(trace: Sequence[WorkItem], duration_s: float | None,
 def run_one(experiment: Experiment, rate: float | None, seed: int, contender: Contender
             ) -> Run:
     """One contender's run at one load level and seed (the schedule is regenerated: it is a pure
-    function of the experiment, the rate and the seed)."""
+    function of the experiment, the rate and the seed). The cycle collector is paused
+    throughout (`cycle_collector_paused`): resumed between the steps, it would walk the schedule
+    and the outcome, a few objects per request, several times over."""
     with cycle_collector_paused():
         items, window = _schedule(experiment, rate, seed)
-    config = SimConfig(
-        policy=contender.policy, admission=contender.admission,
-        scrape_interval_s=experiment.scrape_interval_s,
-        max_snapshot_age_s=experiment.max_snapshot_age_s,
-        replicas=experiment.replicas, seed=seed, dispatch=experiment.dispatch,
-        weights=experiment.weights.get(contender.policy, {}))
-    started = time.perf_counter()
-    outcome = simulate(items, experiment.fleet, config, duration_s=window)
-    wall = time.perf_counter() - started
-    return Run(contender, seed, summarize(outcome, experiment.slo), outcome, wall)
+        config = SimConfig(
+            policy=contender.policy, admission=contender.admission,
+            scrape_interval_s=experiment.scrape_interval_s,
+            max_snapshot_age_s=experiment.max_snapshot_age_s,
+            replicas=experiment.replicas, seed=seed, dispatch=experiment.dispatch,
+            weights=experiment.weights.get(contender.policy, {}))
+        started = time.perf_counter()
+        outcome = simulate(items, experiment.fleet, config, duration_s=window)
+        wall = time.perf_counter() - started
+        return Run(contender, seed, summarize(outcome, experiment.slo), outcome, wall)
 
 
 def run_experiment(experiment: Experiment, progress: Progress | None = None, *,

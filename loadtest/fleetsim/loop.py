@@ -30,6 +30,7 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from types import MappingProxyType
 
 from loadtest.fleetsim.backends import FleetSpec
@@ -203,10 +204,17 @@ class _Run:
                 self.scrape(replica, b, 0.0)
                 first = phase + interval * b.index / n_backends
                 self.push(first, _SCRAPE, replica.index * n_backends + b.index)
-        for i, item in enumerate(self.items):
+        # Sorted arrivals enter the heap one at a time, each when the one before it leaves, so
+        # the heap stays a few dozen events deep instead of one per request. Each keeps the
+        # sequence number it would have had if all were pushed here, so events come out in the
+        # same order either way.
+        items, first_arrival = self.items, self.order + 1
+        total = len(items)
+        one_by_one = all(a.arrival_s <= b.arrival_s for a, b in pairwise(items))
+        for i, item in enumerate(items[:1] if one_by_one else items):
             self.push(item.arrival_s, _ARRIVE, i)
+        self.order = first_arrival + total - 1  # the numbers of the arrivals not pushed yet
         self.push(0.0, _SAMPLE, 0)
-        total = len(self.items)
         heap = self.heap
         while self.resolved < total:
             if not heap:
@@ -215,6 +223,10 @@ class _Run:
             if kind == _STEP_END:
                 self.step_end(self.backends[arg], now)
             elif kind == _ARRIVE:
+                following = arg + 1
+                if one_by_one and following < total:
+                    heapq.heappush(heap, (items[following].arrival_s, first_arrival + following,
+                                          _ARRIVE, following))
                 self.arrive(arg, now)
             elif kind == _SCRAPE:
                 replica = self.replicas[arg // n_backends]
@@ -396,9 +408,11 @@ def simulate(items: Sequence[WorkItem], fleet: FleetSpec, config: SimConfig, *,
     arrival window (the load-imbalance samples cover it). Runs until every request completed or
     was rejected."""
     run = _Run(items, fleet, config, duration_s)
+    # The outcome too: built with the collector on, its few objects per request would set off
+    # collections that walk everything the run holds.
     with cycle_collector_paused():
         run.run()
-    return run.outcome()
+        return run.outcome()
 
 
 @contextmanager

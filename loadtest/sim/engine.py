@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
-from operator import attrgetter
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -63,8 +62,9 @@ class TokenEvent(NamedTuple):
     num_cached_tokens: int  # prompt tokens served from prefix cache at the request's admission
 
 
-@dataclass(frozen=True, slots=True)
-class StepResult:
+class StepResult(NamedTuple):
+    """One step's outcome. A named tuple like `TokenEvent`: one is made per step."""
+
     duration: float  # seconds this step takes on the simulated GPU (not scaled)
     events: tuple[TokenEvent, ...]  # tokens produced at the END of this step
     num_prefill_tokens: int
@@ -72,8 +72,10 @@ class StepResult:
     preempted: tuple[str, ...]  # request ids preempted in this step
 
 
-@dataclass(frozen=True, slots=True)
-class EngineStats:
+class EngineStats(NamedTuple):
+    """The engine's counters, as its /metrics reports them. A named tuple: the fleet simulation
+    reads one per scrape of every backend."""
+
     running: int
     waiting: int
     num_gpu_blocks: int
@@ -141,9 +143,14 @@ class _Seq:
             return
         start, end, prompt_len = have * block_size, num_blocks * block_size, self.prompt_len
         parent = hashes[-1] if have else self.root
-        prompt_end = min(end, prompt_len - prompt_len % block_size)  # full prompt blocks
+        full_prompt = prompt_len - prompt_len % block_size
+        prompt_end = min(end, full_prompt)  # full prompt blocks
         if start < prompt_end:
-            hashes.extend(chain_hashes(parent, self.prompt[start:prompt_end], block_size))
+            # All the prompt's full blocks (the usual case) need no copy: chain_hashes drops the
+            # partial last block itself.
+            tokens = self.prompt if start == 0 and prompt_end == full_prompt else (
+                self.prompt[start:prompt_end])
+            hashes.extend(chain_hashes(parent, tokens, block_size))
             parent, start = hashes[-1], prompt_end
         if start >= end:
             return
@@ -154,13 +161,6 @@ class _Seq:
             else:  # output only: the position of its first token (an int, never a tuple)
                 parent = hash((parent, at - prompt_len))
             hashes.append(parent)
-
-
-_by_order = attrgetter("order")
-
-
-def _in_order(seqs: Mapping[_Seq, None]) -> Iterable[_Seq]:
-    return sorted(seqs, key=_by_order) if len(seqs) > 1 else list(seqs)
 
 
 class Engine:
@@ -175,6 +175,10 @@ class Engine:
     block before the step, registering the filled one after it; bucketed by phase), finish, or
     are preempted. When that ordering or the budget does not hold, every sequence is
     materialised and the step runs one sequence at a time; the outcome is the same either way.
+    The buckets (by phase, by finishing step) hold their sequences in running order with no
+    sorting: a sequence starts decoding at the end of a step in which every decoding sequence was
+    older than every other running one (or none was left decoding), so it is newer than every
+    sequence already in a bucket, and those that start together do so in running order.
 
     `every_token=False` makes `StepResult.events` carry only each request's first and last
     tokens (the fleet simulation needs no others), so steps cost nothing per decoding sequence.
@@ -316,7 +320,7 @@ class Engine:
             decoders = 0
         if decoders:
             # Decoding sequences at a block boundary need a block, in running order.
-            for seq in _in_order(self._by_phase[-self._tick % bs]):
+            for seq in list(self._by_phase[-self._tick % bs]):  # preemption edits it
                 if not seq.decoding:
                     continue  # preempted in this loop
                 victim = None
@@ -411,7 +415,7 @@ class Engine:
                         else None, seq.num_cached_tokens))
             if caching:  # blocks this step fills, in running order (the first hash wins)
                 register = pool.register
-                for seq in _in_order(self._by_phase[(-tick - 1) % bs]):
+                for seq in self._by_phase[(-tick - 1) % bs]:
                     full = (seq.num_computed + tick - seq.tick0 + 1) // bs
                     hashes = seq.hashes
                     at = (full - 1) * bs
@@ -425,7 +429,7 @@ class Engine:
                     seq.num_registered = full
             finishing = self._finish_at.get(tick)
             if finishing:
-                for seq in _in_order(finishing):
+                for seq in list(finishing):  # ending edits it
                     self._undecode(seq)  # as of this step's start; then this step's token
                     seq.num_computed += 1
                     seq.num_tokens += 1
@@ -525,6 +529,10 @@ class Engine:
         if decoding != {s for bucket in self._by_phase for s in bucket} or decoding != {
                 s for finishing in self._finish_at.values() for s in finishing}:
             problems.append("the decoding sequences' buckets do not match the running ones")
+        for bucket in (*self._by_phase, *self._finish_at.values()):
+            orders = [s.order for s in bucket]
+            if orders != sorted(orders):
+                problems.append("a decoding sequences' bucket is out of running order")
         for seq in self._waiting:
             if seq.blocks or seq.num_computed:
                 problems.append(f"{seq.request_id}: waiting but holds blocks")
