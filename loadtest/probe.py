@@ -6,6 +6,8 @@ tuning the cost model, on one `kvgate simulate` run.
 For one policy, one seed and one load level (the first of each given), it prints
 - per backend preset: the share of requests, their TTFT p50/p90/p99, TPOT p50/p99 and mean prompt
   and reply tokens;
+- per workload kind and backend preset: the share of requests that met both SLOs (what goodput
+  counts), missed the TTFT SLO and missed the TPOT SLO: which requests a policy loses, and where;
 - per backend: the predicted TTFT (dispatch to first token) and TPOT against the actual, as means
   and as a correlation over requests. A prediction that does not track the actual misleads every
   scorer built on it (an example: loadtest/README.md, the queue-model bug of session 3);
@@ -26,7 +28,7 @@ from collections.abc import Callable, Sequence
 from gateway.cli import UsageError
 from loadtest.fleetsim.experiment import measure_capacity, run_one
 from loadtest.fleetsim.loop import RequestOutcome, RunOutcome
-from loadtest.fleetsim.results import percentile
+from loadtest.fleetsim.results import Slo, percentile
 from loadtest.simulate_cli import add_arguments, build_experiment
 
 Row = tuple[str, ...]
@@ -74,6 +76,26 @@ def by_preset(run: RunOutcome) -> str:
                      f"{statistics.fmean(r.output_tokens for r in rs):.0f}"))
     return _table(("preset", "share", "TTFT p50", "p90", "p99", "TPOT p50", "p99", "prompt",
                    "reply"), rows)
+
+
+def by_kind(run: RunOutcome, slo: Slo) -> str:
+    """Per workload kind and backend preset: how many requests went there and the share that met
+    both SLOs (goodput's count), missed the TTFT SLO, and missed the TPOT SLO (a request can miss
+    both). Where a policy's goodput is lost: which kinds of request, on which cards."""
+    preset_of = {b.id: b.preset for b in run.backends}
+    groups: dict[tuple[str, str], list[RequestOutcome]] = {}
+    for r in run.requests:
+        if r.rejected is None and r.backend is not None:
+            groups.setdefault((r.kind, preset_of[r.backend]), []).append(r)
+    rows: list[Row] = []
+    for (kind, preset), rs in sorted(groups.items()):
+        tpots = [r.tpot_s for r in rs]
+        n = len(rs)
+        met = sum(slo.met(r, t) for r, t in zip(rs, tpots, strict=True))
+        rows.append((kind, preset, str(n), f"{met / n:.1%}",
+                     f"{sum(slo.ttft_missed(r) for r in rs) / n:.1%}",
+                     f"{sum(slo.tpot_missed(t) for t in tpots) / n:.1%}"))
+    return _table(("kind", "preset", "requests", "met SLOs", "TTFT missed", "TPOT missed"), rows)
 
 
 def _from_dispatch(r: RequestOutcome) -> float:
@@ -136,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{contender.label} on {experiment.fleet.describe()}, seed {seed}, "
           f"{len(run.requests)} requests")
     print(by_preset(run))
+    print()
+    print(by_kind(run, experiment.slo))
     print()
     print(accuracy(run, args.after))
     print()

@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
-from loadtest.fleetsim.loop import RunOutcome
+from loadtest.fleetsim.loop import RequestOutcome, RunOutcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,18 @@ class Slo:
     def __post_init__(self) -> None:
         if not self.ttft_s > 0 or not self.tpot_s > 0:
             raise ValueError("SLOs must be > 0")
+
+    def ttft_missed(self, r: RequestOutcome) -> bool:
+        return not r.ttft_s <= self.ttft_s
+
+    def tpot_missed(self, tpot_s: float | None) -> bool:
+        """A reply of fewer than two tokens has no TPOT (None) and cannot miss it."""
+        return tpot_s is not None and not tpot_s <= self.tpot_s
+
+    def met(self, r: RequestOutcome, tpot_s: float | None) -> bool:
+        """Both SLOs met, what goodput counts; `tpot_s` is `r.tpot_s` (computed once by the
+        caller, which needs it anyway)."""
+        return not (self.ttft_missed(r) or self.tpot_missed(tpot_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +94,7 @@ def summarize(run: RunOutcome, slo: Slo) -> Summary:
     tpots = [r.tpot_s for r in done]
     tpot = sorted(t for t in tpots if t is not None)
     e2e = sorted(r.end_s - r.arrival_s for r in done)
-    good = sum(1 for r, t in zip(done, tpots, strict=True)
-               if r.ttft_s <= slo.ttft_s and (t is None or t <= slo.tpot_s))
+    good = sum(1 for r, t in zip(done, tpots, strict=True) if slo.met(r, t))
     tokens = sum(r.output_tokens for r in done)
     queries = sum(b.prefix_queries_tokens for b in run.backends)
     hits = sum(b.prefix_hits_tokens for b in run.backends)
