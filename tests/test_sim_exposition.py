@@ -22,7 +22,8 @@ from loadtest.sim.exposition import (
 )
 from tests.paths import FIXTURES
 
-FIXTURE_OF = {"vllm": "vllm-v1.prom", "vllm-v0": "vllm-v0.prom", "sglang": "sglang.prom"}
+FIXTURE_OF = {"vllm": "vllm-v1.prom", "vllm-v0": "vllm-v0.prom", "sglang": "sglang.prom",
+              "tgi": "tgi.prom", "llamacpp": "llamacpp.prom"}
 INFO = ServerInfo(model_name="meta-llama/Llama-3.1-8B-Instruct", max_model_len=8192)
 PROCESS = ProcessSample(cpu_seconds=12.5, start_time=1_765_432_000.25)
 

@@ -361,7 +361,7 @@ async def test_an_engine_failure_fails_streams_requests_and_health(
 
 
 def test_invalid_settings_are_refused_before_serving() -> None:
-    for bad in (SimSettings(preset="nope"), SimSettings(metrics_format="tgi"),
+    for bad in (SimSettings(preset="nope"), SimSettings(metrics_format="trtllm"),
                 SimSettings(time_scale=0)):
         with pytest.raises(ValueError):
             bad.check()
@@ -397,7 +397,7 @@ async def test_kvgate_sim_command_serves_until_terminated(http: aiohttp.ClientSe
 @pytest.mark.parametrize(("args", "code", "needle"), [
     (["--describe", "--preset", "llama-3-70b-2xh100"], 0, "KV blocks"),
     (["--preset", "nope"], 2, "unknown preset"),
-    (["--metrics-format", "tgi"], 2, "unknown metrics format"),
+    (["--metrics-format", "trtllm"], 2, "unknown metrics format"),
 ], ids=["describe prints the preset's figures", "bad preset is a usage error",
         "unsupported format is a usage error"])
 async def test_kvgate_sim_describe_and_usage_errors(args: list[str], code: int,

@@ -1,10 +1,14 @@
 """`kvgate sim`: one simulated, vLLM-like backend in the foreground.
 
     kvgate sim --port 8001 [--host 127.0.0.1] [--model NAME] [--preset NAME] [--time-scale X]
-               [--metrics-format vllm|vllm-v0|sglang] [--seed N] [--num-gpu-blocks N]
+               [--metrics-format vllm|vllm-v0|sglang|tgi|llamacpp] [--seed N]
+               [--num-gpu-blocks N]
     kvgate sim --describe [--preset NAME]     # the preset's derived figures, then exit
 
 `--port 0` picks a free port; the first line on stdout names the URL it serves on.
+`--metrics-format` picks the server whose /metrics the simulator writes
+(loadtest/sim/exposition.py); `llamacpp` also answers llama-server's `GET /slots`
+(loadtest/sim/slots.py).
 `python -m loadtest.sim.cli ...` runs the same command without loading the gateway's other
 commands (benchmarks use it).
 """
@@ -44,7 +48,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-scale", type=float, default=1.0, metavar="X",
                         help="run X times faster than the modeled GPU (default 1)")
     parser.add_argument("--metrics-format", default="vllm",
-                        help=f"/metrics format: {'|'.join(FORMATS)} (default vllm)")
+                        help=f"the server whose /metrics to write: {'|'.join(FORMATS)} "
+                             "(default vllm); llamacpp also serves llama-server's /slots")
     parser.add_argument("--seed", type=int, default=0, help="seed of the output lengths")
     parser.add_argument("--num-gpu-blocks", type=int, metavar="N",
                         help="KV cache blocks (default: derived from the preset)")

@@ -1,6 +1,6 @@
 """Prometheus text exposition of the simulator's state, in the exact format of a real server.
 
-Three formats, chosen with `kvgate sim --metrics-format`:
+Five formats, chosen with `kvgate sim --metrics-format`:
 - "vllm": the vLLM V1 engine. `vllm:kv_cache_usage_perc` uses V1's formula, which leaves out the
   one reserved null block: `1 - free / (num_gpu_blocks - 1)`. Every `vllm:` series carries
   `engine="0"` and counters and histograms have their `_created` gauges, as prometheus_client
@@ -8,6 +8,12 @@ Three formats, chosen with `kvgate sim --metrics-format`:
 - "vllm-v0": the vLLM V0 engine: `vllm:gpu_cache_usage_perc = 1 - free / num_gpu_blocks`.
 - "sglang": SGLang in multiprocess mode: token-granular (`sglang:token_usage` over
   `sglang:max_total_num_tokens`, pages of `sglang:page_size` tokens), histograms written sum first.
+- "tgi": the Hugging Face TGI router, written by Rust's metrics-exporter-prometheus: counters,
+  then gauges, then histograms, each by name; counters without `_total`; `le` after the other
+  labels; numbers as Rust prints an f64 (`TgiFormat`). No KV series, as TGI.
+- "llamacpp": llama.cpp's `llama-server`: one `llamacpp:` sample per family, numbers as a C++
+  stream prints a double (`%g`: 6 significant digits). No KV series, as current builds: the KV
+  figures are in its `GET /slots` (loadtest/sim/slots.py).
 
 Filtering, as prometheus_client answers `/metrics?name[]=a&name[]=b` (`names`): only the samples
 whose names are asked for (sample names: `x_total`, `x_bucket`, `x_created`, not the family `x`),
@@ -15,10 +21,16 @@ each family's HELP and TYPE lines kept when it has a matching sample; a counter 
 whose only match is its `_created` sample keeps its (empty) header before the `_created` gauge.
 The vLLM formats serve the default registry, which filters. SGLang's multiprocess registry
 cannot: its collector declares no names, so any `name[]` gets an empty payload, as from SGLang.
+TGI and llama.cpp do not use prometheus_client and ignore the query: the whole payload.
+
+A format writes only the series the simulator has a true value for; a real server's series the
+engine does not model (TGI's queue and validation times, llama.cpp's throughput gauges, ...)
+are left out rather than made up.
 
 Names, types, HELP lines, label sets and bucket bounds are copied from the real servers' output
-(see /work/shared/fixtures), and numbers are formatted as prometheus_client formats them, so a
-parser tested on those fixtures reads the simulator's output the same way. Rendering is pure: the
+(see /work/shared/fixtures), and numbers are formatted as each server's writer formats them
+(prometheus_client's for vLLM and SGLang), so a parser tested on those fixtures reads the
+simulator's output the same way. Rendering is pure: the
 caller passes the engine stats, the latency histograms and the process figures in.
 """
 
@@ -28,6 +40,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from types import MappingProxyType
 from typing import Protocol
 
@@ -50,6 +63,20 @@ SGLANG_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.
                100.0, 200.0, 400.0)
 SGLANG_E2E = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
               200.0, 400.0, 600.0, 1200.0, 1800.0, 2400.0)
+
+
+def _tgi_duration_bounds() -> tuple[float, ...]:
+    # TGI's router (server.rs): every `*duration` histogram has 35 bounds, from 0.0001 growing by
+    # 1.5 each, computed by repeated multiplication, which gives these exact doubles.
+    bounds: list[float] = []
+    value = 0.0001
+    for _ in range(35):
+        value *= 1.5
+        bounds.append(value)
+    return tuple(bounds)
+
+
+TGI_DURATION = _tgi_duration_bounds()
 
 
 class Histogram:
@@ -395,6 +422,139 @@ class SglangFormat:
         return t.text()
 
 
+def format_rust(value: float) -> str:
+    """A number as Rust's `Display` prints an f64 (metrics-exporter-prometheus writes gauges,
+    sums and bucket bounds so): the shortest digits that round-trip, never an exponent, no
+    trailing `.0`; `NaN`, `inf`, `-inf`."""
+    d = float(value)
+    if math.isnan(d):
+        return "NaN"
+    if math.isinf(d):
+        return "inf" if d > 0 else "-inf"
+    s = repr(d)
+    if "e" in s:  # the same shortest digits, written out
+        s = format(Decimal(s), "f")
+    return s.removesuffix(".0")
+
+
+def format_cpp(value: float) -> str:
+    """A number as a C++ `std::ostream` prints a double by default (`%g`, 6 significant
+    digits), as llama-server writes its metrics: `48213`, `21.387`, `1.23457e+06`."""
+    return f"{float(value):g}"
+
+
+class TgiFormat:
+    """The TGI router's /metrics (router/src/server.rs and the batching task).
+
+    What the simulator has true values for:
+    - `tgi_queue_size` (waiting) and `tgi_batch_current_size` (running).
+    - `tgi_batch_current_max_tokens`, the tokens of KV the running batch has claimed, read by
+      the gateway against the launcher's `--max-batch-total-tokens`: here the tokens in the
+      blocks the running sequences hold, `(used_blocks - 1) * block_size` (the null block is
+      no one's). TGI reserves a request's prompt plus max new tokens up front; the simulated
+      engine allocates as it goes, as vLLM does, so what its batch holds is what it claims. The
+      matching budget is the whole cache, `(num_gpu_blocks - 1) * block_size` tokens, as TGI's
+      warm-up sets `max_batch_total_tokens` from the KV memory.
+    - `tgi_request_success`: requests that ended by themselves (stop or length); an aborted
+      stream is no success in TGI either. With it, `tgi_request_duration`, the end-to-end
+      latency TGI records at the same point, from the recorder's e2e histogram.
+    Left out: the batch and per-request timing histograms the engine does not time (queue,
+    validation, inference, forward, decode), the per-request token histograms the recorder
+    does not keep, `tgi_request_count` and `tgi_request_failure` (TGI counts requests that fail
+    validation, which the simulator does not count), and `tgi_batch_concat`.
+
+    TGI writes its gauges only once a batch has run; the simulator writes them from the start,
+    as a TGI that has served a request (0 when idle, as TGI resets them after each batch).
+    """
+
+    name = "tgi"
+
+    def new_recorder(self) -> LatencyRecorder:
+        # Only the e2e histogram is written; TGI has no time-to-first-token or per-gap one.
+        return LatencyRecorder(TGI_DURATION, TGI_DURATION, TGI_DURATION)
+
+    def render(self, stats: EngineStats, latency: LatencyRecorder, info: ServerInfo,
+               process: ProcessSample, names: Collection[str] | None = None) -> str:
+        lines: list[str] = []
+        successes = stats.finished.get("stop", 0) + stats.finished.get("length", 0)
+        _rust_family(lines, "tgi_request_success", "counter", "Number of successful requests")
+        lines.append(f"tgi_request_success {successes}")
+        held = max(0, stats.used_blocks - 1) * stats.block_size
+        for name, help_text, value in (
+                ("tgi_batch_current_max_tokens", "Maximum tokens for the current batch", held),
+                ("tgi_batch_current_size", "Current batch size", stats.running),
+                ("tgi_queue_size", "Current queue size", stats.waiting)):
+            _rust_family(lines, name, "gauge", help_text)
+            lines.append(f"{name} {format_rust(value)}")
+        hist = latency.e2e
+        _rust_family(lines, "tgi_request_duration", "histogram",
+                     "Total time spent processing the request")
+        bounds = [format_rust(b) for b in hist.bounds] + ["+Inf"]
+        for le, cum in zip(bounds, hist.cumulative(), strict=True):
+            lines.append(f'tgi_request_duration_bucket{{le="{le}"}} {cum}')
+        lines.append(f"tgi_request_duration_sum {format_rust(hist.total)}")
+        lines.append(f"tgi_request_duration_count {hist.count}")
+        return "\n".join(lines) + "\n"
+
+
+def _rust_family(lines: list[str], name: str, kind: str, help_text: str) -> None:
+    lines.append(f"# HELP {name} {help_text}")
+    lines.append(f"# TYPE {name} {kind}")
+
+
+class LlamacppFormat:
+    """llama-server's /metrics (tools/server: one sample per family, counters then gauges).
+
+    What the simulator has true values for:
+    - `llamacpp:requests_processing` (running) and `llamacpp:requests_deferred` (waiting).
+    - `llamacpp:prompt_tokens_total` (prompt tokens computed, excluding those found in the
+      cache) and `llamacpp:prompt_tokens_cached_total`: with prefix caching, the engine's
+      prefix-cache queries less hits, and hits, both counted at a request's first admission,
+      so their ratio is the engine's hit rate; without it, every prompt token, counted when
+      its prefill ends, and none cached.
+    - `llamacpp:tokens_predicted_total`: output tokens, counted as they are generated
+      (llama-server adds a request's when it ends).
+    - The speculative-decoding counters: 0, as the simulator does not speculate.
+    Left out: the time counters and throughput gauges (the engine keeps no time totals),
+    `n_decode_total`, `n_tokens_max`, `n_busy_slots_per_decode`.
+    """
+
+    name = "llamacpp"
+
+    def new_recorder(self) -> LatencyRecorder:
+        # llama-server exposes no latency histogram; the recorder still needs bounds.
+        return LatencyRecorder(VLLM_V1_TTFT, VLLM_V1_ITL, VLLM_V1_E2E)
+
+    def render(self, stats: EngineStats, latency: LatencyRecorder, info: ServerInfo,
+               process: ProcessSample, names: Collection[str] | None = None) -> str:
+        if info.enable_prefix_caching:
+            cached = stats.prefix_hits_tokens
+            processed = stats.prefix_queries_tokens - cached
+        else:
+            cached, processed = 0, stats.prompt_tokens_total
+        lines: list[str] = []
+        for name, kind, help_text, value in (
+                ("prompt_tokens_total", "counter",
+                 "Number of prompt tokens processed, excluding cached tokens", processed),
+                ("prompt_tokens_cached_total", "counter",
+                 "Number of prompt tokens reused from the cache", cached),
+                ("tokens_predicted_total", "counter", "Number of generation tokens processed",
+                 stats.generation_tokens_total),
+                ("spec_decode_num_draft_tokens_total", "counter",
+                 "Speculative: Total draft tokens generated", 0),
+                ("spec_decode_num_accepted_tokens_total", "counter",
+                 "Speculative: Total draft tokens accepted by the target model", 0),
+                ("spec_decode_num_drafts_total", "counter",
+                 "Speculative: Total speculative decoding verification steps", 0),
+                ("requests_processing", "gauge", "Number of requests processing", stats.running),
+                ("requests_deferred", "gauge", "Number of requests deferred", stats.waiting)):
+            lines.append(f"# HELP llamacpp:{name} {help_text}")
+            lines.append(f"# TYPE llamacpp:{name} {kind}")
+            lines.append(f"llamacpp:{name} {format_cpp(value)}")
+        return "\n".join(lines) + "\n"
+
+
 FORMATS: Mapping[str, MetricsFormat] = MappingProxyType({
-    f.name: f for f in (VllmV1Format(), VllmV0Format(), SglangFormat())
+    f.name: f for f in (VllmV1Format(), VllmV0Format(), SglangFormat(), TgiFormat(),
+                        LlamacppFormat())
 })

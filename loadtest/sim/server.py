@@ -6,7 +6,9 @@ an aiohttp app; the driver task lives in the app's cleanup context. Run the app 
 cancels its handler, which aborts the request in the engine at once and frees its blocks.
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming or not), GET /v1/models,
-GET /health, GET /metrics (with prometheus_client's `name[]` filter, loadtest/sim/exposition.py).
+GET /health, GET /metrics (with prometheus_client's `name[]` filter, loadtest/sim/exposition.py),
+and with the llama.cpp metrics format GET /slots as llama-server answers it
+(loadtest/sim/slots.py); with the others /slots is a 404, as on a vLLM server.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from loadtest.sim.driver import EngineFailed, LiveRequest, RealtimeDriver
 from loadtest.sim.engine import Engine, SimRequest
 from loadtest.sim.exposition import CONTENT_TYPE, FORMATS, MetricsFormat, ProcessSample, ServerInfo
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS, Preset
+from loadtest.sim.slots import CONTENT_TYPE as SLOTS_CONTENT_TYPE
+from loadtest.sim.slots import RequestParams, Slots
 from loadtest.sim.tokens import natural_output_length, output_piece, output_seed
 
 MAX_BODY_BYTES = 64 * 2**20  # long-context prompts are large
@@ -82,6 +86,7 @@ class SimState:
     metrics: MetricsFormat
     info: ServerInfo
     started_at: float  # unix seconds
+    slots: Slots | None = None  # llama.cpp's GET /slots, with that metrics format only
 
 
 SIM_STATE = web.AppKey("sim_state", SimState)
@@ -103,6 +108,7 @@ def create_app(settings: SimSettings) -> web.Application:
                         enable_prefix_caching=settings.enable_prefix_caching,
                         gpu_memory_utilization=preset.gpu_memory_utilization),
         started_at=time.time(),
+        slots=Slots(engine) if settings.metrics_format == "llamacpp" else None,
     )
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
     app[SIM_STATE] = state
@@ -112,6 +118,8 @@ def create_app(settings: SimSettings) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    if state.slots is not None:
+        app.router.add_get("/slots", _slots)
     return app
 
 
@@ -173,6 +181,8 @@ async def _generate(request: web.Request, state: SimState, kind: Kind, prompt: R
         raise SimError(400, str(exc)) from exc
     except EngineFailed as exc:
         raise SimError(500, str(exc)) from exc
+    if state.slots is not None:
+        state.slots.track(request_id, RequestParams(n_predict=max_tokens, stream=stream))
     created = int(time.time())
     try:
         if stream:
@@ -183,6 +193,8 @@ async def _generate(request: web.Request, state: SimState, kind: Kind, prompt: R
     finally:
         # Normal end: a no-op. Cancelled (client gone) or failed: aborts in the engine.
         state.driver.release(live)
+        if state.slots is not None:
+            state.slots.untrack(request_id)
 
 
 async def _stream(request: web.Request, live: LiveRequest, encoder: ChunkEncoder, seed: int,
@@ -264,3 +276,8 @@ async def _metrics(request: web.Request) -> web.Response:
                                 ProcessSample(time.process_time(), state.started_at), names)
     return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
+
+async def _slots(request: web.Request) -> web.Response:
+    slots = request.app[SIM_STATE].slots
+    assert slots is not None  # the route exists only with the llama.cpp format
+    return web.Response(body=slots.body(), headers={"Content-Type": SLOTS_CONTENT_TYPE})
