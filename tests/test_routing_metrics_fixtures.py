@@ -157,3 +157,39 @@ def test_a_reading_changes_with_the_series_read_and_only_with_them(
     after = snapshot_of(busier, taken_at=1.0, max_batch_total_tokens=TGI_BUDGET)
     assert (after.running or 0) + (after.waiting or 0) == (before.running or 0) + (
         before.waiting or 0) + 1
+
+
+def _without_tgi_load_gauges() -> bytes:
+    """tgi.prom as a router that has not queued or batched a request yet writes it: TGI sets
+    those three gauges in its queue and batching task only (backends/v3)."""
+    gauges = (b"tgi_queue_size", b"tgi_batch_current_size", b"tgi_batch_current_max_tokens")
+    lines = (FIXTURES / "tgi.prom").read_bytes().splitlines(keepends=True)
+    kept = [line for line in lines
+            if not any(g + b" " in line or line.startswith(g) for g in gauges)]
+    assert len(kept) == len(lines) - 9  # HELP, TYPE and the sample of each
+    return b"".join(kept)
+
+
+@pytest.mark.parametrize("payload", [_without_tgi_load_gauges(), b""],
+                         ids=["other TGI series only", "empty"])
+def test_a_configured_tgi_that_has_not_batched_yet_reads_as_idle(payload: bytes) -> None:
+    snapshot = parse_metrics(payload, taken_at=1.0, format="tgi",
+                             max_batch_total_tokens=TGI_BUDGET)
+    assert (snapshot.running, snapshot.waiting) == (0, 0)
+    assert (snapshot.kv_total_blocks, snapshot.kv_free_blocks, snapshot.kv_usage) == (
+        TGI_BUDGET, TGI_BUDGET, 0.0)
+
+
+@pytest.mark.parametrize("payload", [
+    pytest.param((FIXTURES / "vllm-v1.prom").read_bytes(), id="vLLM's metrics"),
+    pytest.param(b"<!DOCTYPE html>\n<html><body>Not Found</body></html>\n", id="an HTML page"),
+    pytest.param(b"# HELP up\nup 1\n", id="other Prometheus series"),
+])
+def test_a_configured_tgi_without_its_gauges_must_still_be_tgi(payload: bytes) -> None:
+    with pytest.raises(MetricsError):
+        parse_metrics(payload, taken_at=1.0, format="tgi")
+
+
+def test_a_tgi_that_has_not_batched_yet_cannot_be_detected() -> None:
+    with pytest.raises(MetricsError):
+        parse_metrics(_without_tgi_load_gauges(), taken_at=1.0)

@@ -392,3 +392,29 @@ async def test_slots_is_not_found_on_other_servers(fmt: str) -> None:
     async with serving(app) as url, aiohttp.ClientSession() as http:
         async with http.get(f"{url}/slots") as resp:
             assert resp.status == 404
+
+
+async def test_a_fresh_tgi_is_healthy_and_idle_for_the_poller_when_configured(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Like TGI, a simulated TGI that has not been sent a request writes none of its load gauges;
+    # a backend configured as TGI is then idle, not failing (which would keep every request
+    # away from it, and so the gauges away too).
+    async with simulator("tgi", monkeypatch) as (url, engine, _):
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
+            assert b"tgi_queue_size" not in await resp.read()
+        s = engine.stats()
+        budget = (s.num_gpu_blocks - 1) * s.block_size
+        spec = BackendSpec(id="tgi", url=url, metrics_format="tgi", max_batch_total_tokens=budget)
+        snap = await polled(spec, lambda snap: True)
+    assert (snap.format, snap.running, snap.waiting) == ("tgi", 0, 0)
+    assert (snap.kv_total_blocks, snap.kv_free_blocks) == (budget, budget)
+
+
+def test_tgi_writes_its_load_gauges_once_it_has_been_sent_a_request() -> None:
+    fresh = stats(running=0, waiting=0, free=8192, caching=False)._replace(
+        prompt_tokens_total=0, generation_tokens_total=0, finished=MappingProxyType({}))
+    assert "tgi_queue_size" not in render("tgi", fresh)
+    for seen in (fresh._replace(waiting=1), fresh._replace(running=1),
+                 fresh._replace(finished=MappingProxyType({"abort": 1}))):
+        text = render("tgi", seen)
+        assert "tgi_queue_size" in text and "tgi_batch_current_size" in text

@@ -463,8 +463,11 @@ class TgiFormat:
     does not keep, `tgi_request_count` and `tgi_request_failure` (TGI counts requests that fail
     validation, which the simulator does not count), and `tgi_batch_concat`.
 
-    TGI writes its gauges only once a batch has run; the simulator writes them from the start,
-    as a TGI that has served a request (0 when idle, as TGI resets them after each batch).
+    TGI sets its queue gauge when the first request is queued and its batch gauges when the
+    first batch runs, so a router that has served nothing writes none of the three (the gateway
+    reads that as idle when the backend is configured as TGI: routing/metrics/tgi.py). The
+    simulator leaves them out likewise until the engine has been sent a request; after that they
+    are written always (0 when idle, as TGI sets them after each batch).
     """
 
     name = "tgi"
@@ -480,12 +483,15 @@ class TgiFormat:
         _rust_family(lines, "tgi_request_success", "counter", "Number of successful requests")
         lines.append(f"tgi_request_success {successes}")
         held = max(0, stats.used_blocks - 1) * stats.block_size
+        seen = stats.running or stats.waiting or stats.prompt_tokens_total or any(
+            stats.finished.values())
         for name, help_text, value in (
                 ("tgi_batch_current_max_tokens", "Maximum tokens for the current batch", held),
                 ("tgi_batch_current_size", "Current batch size", stats.running),
                 ("tgi_queue_size", "Current queue size", stats.waiting)):
-            _rust_family(lines, name, "gauge", help_text)
-            lines.append(f"{name} {format_rust(value)}")
+            if seen:
+                _rust_family(lines, name, "gauge", help_text)
+                lines.append(f"{name} {format_rust(value)}")
         hist = latency.e2e
         _rust_family(lines, "tgi_request_duration", "histogram",
                      "Total time spent processing the request")

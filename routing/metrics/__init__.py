@@ -91,7 +91,10 @@ def read_metrics(payload: bytes | str, *, format: str | None = None) -> Reading:
     if isinstance(payload, str):
         payload = payload.encode()
     family = detect_family(payload) if format is None else format
-    return Reading(family, format, _READERS[family](payload))
+    groups = _READERS[family](payload)
+    if family == "tgi" and not tgi.has_load(groups):  # only when configured: detection needs them
+        tgi.check_unbatched(payload)
+    return Reading(family, format, groups)
 
 
 def snapshot_of(
