@@ -99,7 +99,7 @@ class QueueSettings(_Section):
 class RoutingSettings(_Section):
     policy: str = DEFAULT_POLICY
     # Scorer weights of the chosen policy, by scorer name (routing/policies.py), e.g. for cost:
-    # {"ttft": 2, "goodput": 2, "prefill_load": 4, "preemption": 1, "prefix": 0.3,
+    # {"ttft": 2, "goodput": 2, "prefill_load": 4.5, "preemption": 1, "prefix": 0.3,
     # "session": 0.3}. Unnamed ones keep their defaults.
     weights: dict[str, float] = Field(default_factory=dict)
     # Admission: a backend takes a request only if its peak KV stays under this fraction of the

@@ -7,7 +7,7 @@
 - power_of_two: two drawn at random, the one with fewer in flight (least_request 1).
 - kv_util: the Gateway API Inference Extension's default: queue 2, kv_cache 2, prefix 3.
 - prefix_hash: consistent hashing of the prefix with bounded load, 1.25 x mean (prefix_hash 1).
-- cost (the default): KV high-water filter; ttft 2, goodput 2, prefill_load 4, preemption 1,
+- cost (the default): KV high-water filter; ttft 2, goodput 2, prefill_load 4.5, preemption 1,
   prefix 0.3 (load-bounded), session 0.3.
 
 `cost` predicts, per backend, what the request would see there and what it would do to the
@@ -120,7 +120,7 @@ _SCORERS: Mapping[str, ScorerSpecs] = MappingProxyType({
     "cost": {
         "ttft": (lambda _: TtftScorer(), 2.0),
         "goodput": (lambda _: GoodputScorer(), 2.0),
-        "prefill_load": (lambda _: PrefillLoadScorer(), 4.0),
+        "prefill_load": (lambda _: PrefillLoadScorer(), 4.5),
         "preemption": (lambda _: PreemptionScorer(), 1.0),
         "prefix": (_prefix_bounded, 0.3),
         "session": (lambda _: SessionAffinityScorer(), 0.3),
