@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
-from loadtest.sim.engine import Engine, EngineStats, SimRequest, StepResult
+from loadtest.sim.engine import Engine, EngineStats, RunningSeq, SimRequest, StepResult
 from loadtest.sim.exposition import (
     FORMATS,
     TGI_DURATION,
@@ -28,10 +28,8 @@ from loadtest.sim.presets import DEFAULT_PRESET, PRESETS
 from loadtest.sim.server import SIM_STATE, SimSettings, create_app
 from loadtest.sim.slots import (
     RequestParams,
-    SeqView,
     SlotTable,
     render_slots,
-    running_sequences,
 )
 from routing.fleet import Fleet
 from routing.metrics import detect_family, parse_metrics, parse_slots, with_slots
@@ -210,8 +208,8 @@ def test_servers_that_do_not_filter_ignore_the_name_query(fmt: str) -> None:
 
 # llama.cpp's /slots.
 
-def view(request_id: str, prompt: int, decoded: int, cached: int = 0) -> SeqView:
-    return SeqView(request_id, prompt, cached, prompt + decoded - 1, decoded)
+def view(request_id: str, prompt: int, decoded: int, cached: int = 0) -> RunningSeq:
+    return RunningSeq(request_id, prompt, cached, prompt + decoded - 1, decoded)
 
 
 def test_slots_json_has_llamacpps_shape_and_the_gateway_reads_its_kv() -> None:
@@ -260,7 +258,7 @@ def test_the_engine_view_gives_each_sequences_context_and_decoded_tokens() -> No
     for _ in range(40):
         for event in engine.step().events:
             emitted[event.request_id] = event.token_index + 1
-        views = {v.request_id: v for v in running_sequences(engine)}
+        views = {v.request_id: v for v in engine.running_sequences()}
         assert {r: v.decoded for r, v in views.items()} == {r: n for r, n in emitted.items()
                                                             if r in views}
         for v in views.values():

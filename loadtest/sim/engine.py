@@ -91,6 +91,16 @@ class EngineStats(NamedTuple):
     finished: Mapping[str, int]  # by reason: "stop", "length", "abort"
 
 
+class RunningSeq(NamedTuple):
+    """One running sequence as a server reports it (`Engine.running_sequences`)."""
+
+    request_id: str
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens found in the prefix cache at its first admission
+    context_tokens: int  # tokens whose KV it holds (computed so far: llama.cpp's n_past)
+    decoded: int  # output tokens sampled so far
+
+
 class _Seq:
     """The engine's mutable state of one request.
 
@@ -510,6 +520,16 @@ class Engine:
             generation_tokens_total=self._generation_tokens,
             finished=MappingProxyType(dict(self._finished)),
         )
+
+    def running_sequences(self) -> list[RunningSeq]:
+        """The running sequences in admission order, with their counters as of now (a decoding
+        sequence's hold their values as of step `tick0`; every step since added one)."""
+        out: list[RunningSeq] = []
+        for seq in self._running:
+            ahead = self._tick - seq.tick0 if seq.decoding else 0
+            out.append(RunningSeq(seq.request_id, seq.prompt_len, seq.num_cached_tokens,
+                                  seq.num_computed + ahead, seq.num_output + ahead))
+        return out
 
     def invariant_violations(self) -> list[str]:
         """Problems with the engine's bookkeeping, for tests: empty when all is consistent."""

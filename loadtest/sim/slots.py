@@ -30,23 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 
-from loadtest.sim.engine import Engine
+from loadtest.sim.engine import Engine, RunningSeq
 
 CONTENT_TYPE = "application/json; charset=utf-8"
-
-
-class SeqView(NamedTuple):
-    """One running sequence, as /slots reports it."""
-
-    request_id: str
-    prompt_tokens: int
-    cached_tokens: int  # prompt tokens found in the prefix cache at its first admission
-    context_tokens: int  # tokens whose KV it holds (llama.cpp's n_past)
-    decoded: int  # output tokens sampled so far
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,21 +45,6 @@ class RequestParams:
 
     n_predict: int  # max tokens, as resolved
     stream: bool
-
-
-def running_sequences(engine: Engine) -> list[SeqView]:
-    """The engine's running sequences in admission order.
-
-    The engine has no public per-sequence view, so this reads its state as its own
-    `invariant_violations` does: a decoding sequence's counters hold their values as of step
-    `tick0`, and every step since has added one to each (loadtest/sim/engine.py, `Engine`)."""
-    tick = engine._tick
-    out: list[SeqView] = []
-    for seq in engine._running:
-        ahead = tick - seq.tick0 if seq.decoding else 0
-        out.append(SeqView(seq.request_id, seq.prompt_len, seq.num_cached_tokens,
-                           seq.num_computed + ahead, seq.num_output + ahead))
-    return out
 
 
 class SlotTable:
@@ -102,7 +77,7 @@ def slot_context(engine: Engine, n_slots: int) -> int:
     return (engine.num_gpu_blocks - 1) * engine.block_size // n_slots
 
 
-def render_slots(running: Sequence[SeqView], slot_of: Mapping[str, int], n_slots: int,
+def render_slots(running: Sequence[RunningSeq], slot_of: Mapping[str, int], n_slots: int,
                  n_ctx: int, params: Mapping[str, RequestParams]) -> bytes:
     """The /slots JSON array, one object per slot in id order (module docstring). Pure."""
     busy = {slot_of[seq.request_id]: seq for seq in running}
@@ -144,6 +119,6 @@ class Slots:
         self.params.pop(request_id, None)
 
     def body(self) -> bytes:
-        running = running_sequences(self.engine)
+        running = self.engine.running_sequences()
         slot_of = self.table.assign([seq.request_id for seq in running])
         return render_slots(running, slot_of, self.table.n_slots, self.n_ctx, self.params)
