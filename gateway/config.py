@@ -72,6 +72,7 @@ class BackendSettings(_Section):
     weight: float = Field(default=1.0, gt=0)
     labels: dict[str, str] = Field(default_factory=dict)
     max_batch_total_tokens: int | None = Field(default=None, ge=1)  # TGI's launcher setting
+    kv_unified: bool = False  # llama.cpp: one KV cache shared by its slots (routing/state.py)
 
     @field_validator("url")
     @classmethod
@@ -248,6 +249,7 @@ class Settings(_Section):
                 weight=b.weight,
                 labels=MappingProxyType(dict(b.labels)),
                 max_batch_total_tokens=b.max_batch_total_tokens,
+                kv_unified=b.kv_unified,
             )
             for i, b in enumerate(self.backends)
         )

@@ -420,7 +420,8 @@ class Poller:
                 if result.status not in (404, 501):  # 404/501: slots are disabled, not a failure
                     raise result
             else:
-                snapshot = with_slots(snapshot, parse_slots(result))
+                slots = parse_slots(result, unified=backend.spec.kv_unified)
+                snapshot = with_slots(snapshot, slots)
         except Exception as exc:
             self._end(backend, exc)
         else:

@@ -40,6 +40,9 @@ class BackendSpec:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # TGI exposes no KV metric; its batch budget comes from this launcher setting.
     max_batch_total_tokens: int | None = None
+    # llama.cpp: its slots share one KV cache (llama-server's default without -np, or -kvu), so
+    # each slot's n_ctx in /slots is the whole context, not its share.
+    kv_unified: bool = False
 
 
 class BackendSnapshot(NamedTuple):

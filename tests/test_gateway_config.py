@@ -29,6 +29,9 @@ backends:
   - url: http://127.0.0.1:8002/v1/
     metrics_format: tgi
     max_batch_total_tokens: 131072
+  - url: http://127.0.0.1:8003
+    metrics_format: llamacpp
+    kv_unified: true
 model_aliases:
   gpt-4o: llama-3-8b
 routing:
@@ -55,11 +58,12 @@ def test_a_full_file_loads_into_typed_settings(tmp_path: Path) -> None:
     assert settings.routing.poll_group_size == 16
     assert settings.routing.full_scrape_interval_s == 2.5
     specs = settings.backend_specs()
-    assert [s.id for s in specs] == ["gpu-a", "b1"]  # unnamed backends get b<position>
+    assert [s.id for s in specs] == ["gpu-a", "b1", "b2"]  # unnamed backends get b<position>
     assert specs[0].metrics_format == "vllm" and specs[0].weight == 2.0
     assert dict(specs[0].labels) == {"zone": "a"}
     assert specs[1].url == "http://127.0.0.1:8002"
     assert specs[1].max_batch_total_tokens == 131072
+    assert specs[2].kv_unified and not specs[0].kv_unified
 
 
 def test_defaults_without_file() -> None:

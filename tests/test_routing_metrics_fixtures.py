@@ -110,6 +110,14 @@ def test_llamacpp_slots_give_kv_from_processing_slots_only() -> None:
     assert (snapshot.running, snapshot.waiting) == (2, 1)
 
 
+def test_llamacpp_slots_with_a_unified_kv_cache_share_one_context() -> None:
+    # With unified KV (llama-server's default without -np) every slot reports the whole context.
+    slots = parse_slots((FIXTURES / "llamacpp-slots.json").read_bytes(), unified=True)
+    assert (slots.total_tokens, slots.used_tokens, slots.processing) == (4096, 3097, 2)
+    snapshot = with_slots(parse("llamacpp.prom"), slots)
+    assert (snapshot.kv_total_blocks, snapshot.kv_free_blocks) == (4096, 999)
+
+
 @pytest.mark.parametrize(
     ("name", "wrong"),
     [

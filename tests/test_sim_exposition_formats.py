@@ -383,6 +383,17 @@ async def test_the_poller_reads_a_simulated_llamacpp_with_kv_from_its_slots(
         PRESET.max_num_seqs * n_ctx, PRESET.max_num_seqs * n_ctx - used, 1)
 
 
+async def test_a_llamacpp_configured_with_unified_kv_takes_one_slots_context_as_capacity(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async with simulator("llamacpp", monkeypatch) as (url, engine, freeze), \
+            loaded(url, engine, freeze):
+        spec = BackendSpec(id="llama", url=url, metrics_format="llamacpp", kv_unified=True)
+        snap = await polled(
+            spec, lambda snap: snap.waiting == 1 and snap.kv_total_blocks is not None)
+        s = engine.stats()
+    assert snap.kv_total_blocks == (s.num_gpu_blocks - 1) * s.block_size // PRESET.max_num_seqs
+
+
 @pytest.mark.parametrize("fmt", ["vllm", "sglang", "tgi"])
 async def test_slots_is_not_found_on_other_servers(fmt: str) -> None:
     app = create_app(SimSettings(metrics_format=fmt, time_scale=1000.0))

@@ -73,8 +73,13 @@ def build(samples: Samples, *, taken_at: float) -> BackendSnapshot:
     )
 
 
-def parse_slots(body: bytes | str) -> Slots:
-    """The `GET /slots` JSON array; MetricsError when it is not one."""
+def parse_slots(body: bytes | str, *, unified: bool = False) -> Slots:
+    """The `GET /slots` JSON array; MetricsError when it is not one.
+
+    The capacity is the slots' `n_ctx` summed: llama-server splits its context (`-c`) evenly
+    between its slots. With `unified`, the slots share one KV cache (llama-server's default
+    since late 2025 when `-np` is not given, or `-kvu`) and each reports the whole context as its
+    `n_ctx`, so the capacity is the largest of them. /slots does not say which it is."""
     try:
         slots = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -87,7 +92,7 @@ def parse_slots(body: bytes | str) -> Slots:
         n_ctx = slot.get("n_ctx") if isinstance(slot, Mapping) else None
         if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx <= 0:
             raise MetricsError("a /slots entry has no positive integer n_ctx")
-        total_tokens += n_ctx
+        total_tokens = max(total_tokens, n_ctx) if unified else total_tokens + n_ctx
         if not _is_processing(slot):
             continue
         processing += 1
