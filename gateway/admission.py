@@ -1,7 +1,8 @@
 """The asyncio side of admission: a `Gate` around the pure `routing.dispatch.Dispatcher`.
 
 - `Gate.acquire(job)` submits a request. Dispatched at once, it returns the `Dispatch`; rejected,
-  it raises `Overloaded` (429) or `QueueTimeout`/`NoHealthyBackend` (503), each with Retry-After;
+  it raises `Overloaded` (429: the queue is full, or `OverSlo`: every backend is at its TPOT
+  SLO) or `QueueTimeout`/`NoHealthyBackend` (503), each with Retry-After;
   queued, it waits on a Future that `pump` resolves. A client that hangs up while queued cancels
   the handler: its entry leaves the queue without dispatch (or, if it was dispatched in the same
   instant, the dispatch is finished at once, so its lease never leaks).
@@ -33,6 +34,7 @@ from gateway.errors import GatewayError, InvalidRequest, NoHealthyBackend
 from routing.cost import CostModel, Tokenizer
 from routing.dispatch import (
     DEFAULT_TENANT,
+    OVER_SLO,
     QUEUE_TIMEOUT,
     TENANT_QUEUE_FULL,
     Completion,
@@ -64,6 +66,13 @@ class TenantQueueFull(Overloaded):
     code = "tenant_queue_full"
 
 
+class OverSlo(Overloaded):
+    """Every backend that could take the request is at its TPOT SLO (SLO admission): one more
+    request would slow every reply there past it."""
+
+    code = "over_slo"
+
+
 class QueueTimeout(GatewayError):
     """The request waited in the gateway queue longer than the queue timeout."""
 
@@ -77,6 +86,8 @@ def rejection_error(rejection: Rejection) -> GatewayError:
     kind: type[GatewayError]
     if rejection.code == TENANT_QUEUE_FULL:
         kind = TenantQueueFull
+    elif rejection.code == OVER_SLO:
+        kind = OverSlo
     elif rejection.status == 429:
         kind = Overloaded
     elif rejection.code == QUEUE_TIMEOUT:
@@ -356,7 +367,8 @@ def build_gate(routing: RoutingSettings, fleet: Fleet, router: Router,
         admission=routing.admission, high_water=routing.high_water,
         max_preemption_risk=routing.max_preemption_risk,
         queue_max_depth=routing.queue.max_depth, queue_timeout_s=routing.queue.timeout_s,
-        queue_max_per_tenant=routing.queue.max_per_tenant,
+        queue_max_per_tenant=routing.queue.max_per_tenant, tpot_slo_s=routing.tpot_slo_s,
+        slo_wait_s=routing.slo_wait_s,
     )
     cost_model = CostModel(tokenizers=load_tokenizers(routing.tokenizers))
     dispatcher = Dispatcher(fleet, router, cost_model, config=config)

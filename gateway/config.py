@@ -109,6 +109,16 @@ class RoutingSettings(_Section):
     admission: bool = True
     high_water: float = Field(default=0.9, gt=0, le=1)
     max_preemption_risk: float = Field(default=0.1, ge=0, le=1)
+    # SLO admission (routing/dispatch.py), with admission on: a backend takes a request only while
+    # the replies decoding there are predicted to stay within tpot_slo_s seconds per token with it;
+    # when none can, the request gets 429 with Retry-After (after waiting up to slo_wait_s for one;
+    # 0, the default, measured best: a waiting request holds up those behind it), so past the
+    # fleet's SLO capacity the excess is shed instead of every reply slowing down. A backend with
+    # none of the gateway's requests in flight, or whose speed has not been read yet (no first
+    # token or reply measured), is never gated; one too slow for the SLO even alone is held to 2x
+    # its idle TPOT instead. null turns it off.
+    tpot_slo_s: float | None = Field(default=0.05, gt=0)
+    slo_wait_s: float = Field(default=0.0, ge=0)
     queue: QueueSettings = QueueSettings()
     priority_header: str = Field(default="x-kvgate-priority", min_length=1)  # integer class
     tenant_header: str = Field(default="x-kvgate-tenant", min_length=1)

@@ -10,7 +10,7 @@ routing, ledger and admission objects (routing/dispatch.py), with metrics scrape
 interval. Every policy sees the identical request schedule; the same seed gives the same numbers
 (and the same --json document). Baseline policies run bare, as the gateways they stand for route;
 policies named in --admission (default: kvgate's default policy) also run kvgate's admission
-control (KV high-water filter and gateway queue), labelled "+adm".
+control (KV high-water filter, SLO admission and gateway queue), labelled "+adm".
 
 `python -m loadtest.simulate_cli ...` runs the same command without the gateway's other commands.
 """
@@ -83,6 +83,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="goodput's TPOT SLO (default 0.05)")
     a("--queue-timeout", type=float, default=30.0, metavar="S",
       help="gateway queue timeout with admission (default 30)")
+    a("--slo-admission", choices=("on", "off"), default="on",
+      help="with admission, also refuse (429) what no backend can take within the TPOT SLO "
+           "(--slo-tpot), as the gateway does by default (default on)")
+    a("--slo-wait", type=float, default=0.0, metavar="S",
+      help="SLO admission: seconds a request may wait for a backend within the SLO (default 0)")
     a("--weights", action="append", default=[], metavar="POLICY:NAME=W[,NAME=W...]",
       help="override a policy's scorer weights (repeatable), e.g. cost:prefill_load=6,ttft=2")
     a("--prefix-groups", type=int, default=16, metavar="N",
@@ -172,6 +177,11 @@ def build_experiment(args: argparse.Namespace) -> Experiment:
                         ("--burstiness", args.burstiness), ("--queue-timeout", args.queue_timeout)):
         if value is not None and not value > 0:
             raise UsageError(f"{flag} must be > 0, got {value:g}")
+    for flag, value in (("--slo-ttft", args.slo_ttft), ("--slo-tpot", args.slo_tpot)):
+        if not value > 0:
+            raise UsageError(f"{flag} must be > 0, got {value:g}")
+    if not args.slo_wait >= 0:
+        raise UsageError(f"--slo-wait must be >= 0, got {args.slo_wait:g}")
     if args.replicas < 1:
         raise UsageError(f"--replicas must be >= 1, got {args.replicas}")
     for flag, n in (("--prefix-groups", args.prefix_groups),
@@ -208,7 +218,10 @@ def build_experiment(args: argparse.Namespace) -> Experiment:
             rates=rates, arrival=args.arrival, burstiness=args.burstiness, duration_s=duration,
             seeds=seeds, scrape_interval_s=args.scrape_interval, max_snapshot_age_s=max_age,
             replicas=args.replicas, slo=Slo(args.slo_ttft, args.slo_tpot),
-            dispatch=DispatchConfig(queue_timeout_s=args.queue_timeout), weights=weights)
+            dispatch=DispatchConfig(
+                queue_timeout_s=args.queue_timeout, slo_wait_s=args.slo_wait,
+                tpot_slo_s=args.slo_tpot if args.slo_admission == "on" else None),
+            weights=weights)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
 

@@ -30,6 +30,22 @@ Rules
   sent anyway (the backend's own limits decide).
   With it off, every policy sees every healthy candidate and nothing queues (pure policies, for
   comparisons).
+- SLO admission (`tpot_slo_s` set, with admission on): a backend takes a request only if the
+  replies decoding there are predicted to stay within the TPOT SLO with it there (its prefill
+  stall and its KV read included: `Prediction.tpot_others_s`). Past that point one more request
+  makes every reply there slow, so past the fleet's SLO capacity the gateway sheds the excess
+  instead of letting every user miss. A request no backend can take within the SLO is refused with
+  429 (`OVER_SLO`) and a Retry-After, at once by default, or after waiting in the gateway queue up
+  to `slo_wait_s` for a backend to come back under it (a waiting head holds up every arrival
+  behind it, which on the simulated fleet cost more than it saved). A backend with none of the
+  gateway's requests in flight is not gated (there is nothing to protect there, and the fleet
+  never stops serving); a backend too slow to meet the SLO even alone is held to
+  `SLOW_BACKEND_FACTOR` times its own idle TPOT instead. Nor is a backend gated before its first
+  speed reading (a first token or a TPOT: `ProfileEstimator.calibrated`): until then its speed is
+  the slow-start guess, and a burst at start-up would be refused for a slowness nobody has seen.
+  Once read, a backend is still predicted on the slow side until its replies pull the scale down:
+  the cold start refuses a few requests (4 of 3,666 in the first 5 s of `python -m loadtest.probe
+  --workload mixed --load 0.95 --duration 60 --seeds 0`, 253 in all).
 - Queues are per model, strict priority between classes, fair between tenants, FIFO within one
   (routing/admission.py); the head of a queue is never overtaken, so a large request is not
   starved by smaller ones behind it.
@@ -48,7 +64,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
-from routing.admission import AdmissionQueue, DrainRate, Verdict, admit, timed_out
+from routing.admission import (
+    AdmissionQueue,
+    DrainRate,
+    Verdict,
+    admit,
+    retry_after_s,
+    timed_out,
+)
 from routing.context import DEFAULT_MAX_RISK, RouteContext, build_context, is_admissible
 from routing.cost import CostModel, RequestCost
 from routing.jobs import (
@@ -57,6 +80,7 @@ from routing.jobs import (
     DEFAULT_TENANT,
     NO_BACKEND,
     NO_HEALTHY_BACKEND,
+    OVER_SLO,
     OVERSIZED,
     QUEUE_FULL,
     QUEUE_TIMEOUT,
@@ -74,6 +98,7 @@ from routing.jobs import (
 from routing.ledger import Lease
 from routing.policy import NoCandidate, Router, RouteRequest
 from routing.prefix import DEFAULT_BLOCK_CHARS, PrefixChain, PrefixIndex, prefix_chain
+from routing.scorers import DEFAULT_TPOT_TARGET_S
 from routing.state import Candidate
 from routing.ttft import (
     DEFAULT_BLOCK_SIZE,
@@ -93,6 +118,10 @@ class FleetLike(Protocol):
     def lease(self, backend_id: str, blocks: int, now: float) -> Lease: ...
 
 
+# A backend that cannot meet the TPOT SLO even alone is gated at this many times its idle TPOT.
+SLOW_BACKEND_FACTOR = 2.0
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchConfig:
     admission: bool = True
@@ -105,6 +134,11 @@ class DispatchConfig:
     prefix_block_chars: int = DEFAULT_BLOCK_CHARS
     prefix_index_blocks: int = 8192  # per backend
     sessions: int = 65_536  # sessions remembered (LRU)
+    # SLO admission (module docstring): None turns it off.
+    tpot_slo_s: float | None = DEFAULT_TPOT_TARGET_S
+    # How long a request may wait for a backend within the SLO. 0 (refuse at once) measured
+    # best: a waiting head holds up every arrival behind it (loadtest/README.md, session 7).
+    slo_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.high_water <= 1.0:
@@ -113,6 +147,10 @@ class DispatchConfig:
             raise ValueError("max_preemption_risk must be in [0, 1]")
         if self.queue_timeout_s <= 0 or self.queue_max_depth < 0 or self.sessions < 1:
             raise ValueError("queue_timeout_s must be > 0, queue_max_depth >= 0, sessions >= 1")
+        if self.tpot_slo_s is not None and not self.tpot_slo_s > 0.0:
+            raise ValueError("tpot_slo_s must be > 0 (or None: no SLO admission)")
+        if not self.slo_wait_s >= 0.0:
+            raise ValueError("slo_wait_s must be >= 0")
 
 
 class _Survey(NamedTuple):
@@ -126,8 +164,9 @@ class _Survey(NamedTuple):
     uncached: dict[str, int]  # prompt tokens the backend would have to prefill, by backend
     pool: list[Candidate]
     reason: str  # ADMITTED, OVERSIZED or UNCHECKED when the pool is usable
-    any_fits: bool
+    any_fits: bool  # some backend takes it now (KV rule and, with SLO admission, the TPOT SLO)
     all_oversized: bool
+    over_slo: bool  # some backend fits its KV, but every one of those is at its TPOT SLO
 
 
 class Dispatcher:
@@ -179,6 +218,8 @@ class Dispatcher:
         if verdict.verdict is Verdict.ADMIT:
             return self._dispatch(job, cost, chain, survey, now, None, 1, ())
         if verdict.verdict is Verdict.QUEUE:
+            if survey.over_slo and self.config.slo_wait_s <= 0.0:
+                return self._over_slo(job, queue, now, 0.0, None)
             waiting = Waiting(job, cost, chain, now)
             queue.push(waiting, priority=job.priority, tenant=job.tenant, now=now)
             return waiting
@@ -203,7 +244,12 @@ class Dispatcher:
             while (head := queue.peek_next()) is not None:
                 survey = self._survey(head.job, head.cost, head.chain, now, exclude=())
                 if not survey.any_fits and not survey.all_oversized:
-                    break  # the head waits for capacity; nothing behind it overtakes
+                    waited = now - head.enqueued_at
+                    if not (survey.over_slo and waited >= self.config.slo_wait_s):
+                        break  # the head waits for capacity; nothing behind it overtakes
+                    queue.pop_next()
+                    rejected.append(self._over_slo(head.job, queue, now, waited, head))
+                    continue
                 queue.pop_next()
                 self._drain.record(now)
                 out = self._dispatch(head.job, head.cost, head.chain, survey, now, head, 1, ())
@@ -280,10 +326,19 @@ class Dispatcher:
     # Reading.
 
     def next_deadline(self, now: float) -> float | None:
-        """When the longest-waiting queued request times out (`pump` at that time answers it);
+        """When `pump` next has something to answer: the longest-waiting queued request times
+        out, or (SLO admission) a queue head reaches `slo_wait_s`, if that is still ahead.
         None with nothing queued."""
         waits = [q.oldest_wait(now) for q in self._queues.values() if q.depth]
-        return now - max(waits) + self.config.queue_timeout_s if waits else None
+        if not waits:
+            return None
+        deadline = now - max(waits) + self.config.queue_timeout_s
+        if self.config.admission and self.config.tpot_slo_s is not None:
+            for queue in self._queues.values():
+                head = queue.peek_next()
+                if head is not None and now < head.enqueued_at + self.config.slo_wait_s:
+                    deadline = min(deadline, head.enqueued_at + self.config.slo_wait_s)
+        return deadline
 
     @property
     def queue_depth(self) -> int:
@@ -336,6 +391,8 @@ class Dispatcher:
         committed = self._committed
         peak = cost.peak_tokens
         fitting: list[Candidate] = []
+        slo = self.config.tpot_slo_s if self.config.admission else None
+        kv_fits = False
         for c in candidates:
             cid = c.spec.id
             depth = matched.get(cid, 0)
@@ -352,7 +409,10 @@ class Dispatcher:
             if is_admissible(pred, max_risk) and (
                 capacity is None or committed.get(cid, 0) + commit <= high_water * capacity
             ):
-                fitting.append(c)
+                kv_fits = True
+                if slo is None or c.inflight == 0 or not estimator.calibrated or (
+                        pred.tpot_others_s <= max(slo, SLOW_BACKEND_FACTOR * pred.tpot_idle_s)):
+                    fitting.append(c)
         all_oversized = bool(candidates) and all(p.oversized for p in predictions.values())
         if not self.config.admission:
             pool, reason = candidates, UNCHECKED
@@ -363,7 +423,7 @@ class Dispatcher:
         else:
             pool, reason = [], ADMITTED
         return _Survey(candidates, predictions, matched, commits, uncached, pool, reason,
-                       bool(fitting), all_oversized)
+                       bool(fitting), all_oversized, kv_fits and not fitting)
 
     def _dispatch(self, job: Job, cost: RequestCost, chain: PrefixChain, survey: _Survey,
                   now: float, waiting: Waiting | None, attempt: int, tried: tuple[str, ...],
@@ -406,6 +466,13 @@ class Dispatcher:
                         block_size=block_size, committed_blocks=commit,
                         context_tokens=context)
 
+    def _over_slo(self, job: Job, queue: AdmissionQueue[Waiting], now: float, wait: float,
+                  waiting: Waiting | None) -> Rejection:
+        return self._reject(
+            job, 429, OVER_SLO,
+            f"every backend that could take the request is at its {self.config.tpot_slo_s} s "
+            "TPOT SLO", retry_after_s(queue.depth, self._drain.per_second(now)), wait, waiting)
+
     def _session_backend(self, session: str | None) -> str | None:
         return None if session is None else self._sessions.get(session)
 
@@ -440,7 +507,7 @@ def _capacity(candidate: Candidate) -> int | None:
 
 __all__ = [
     "ADMITTED", "CANCELLED", "DEFAULT_TENANT", "NO_BACKEND", "NO_HEALTHY_BACKEND", "OVERSIZED",
-    "QUEUED", "QUEUE_FULL", "QUEUE_TIMEOUT", "RETRY", "TENANT_QUEUE_FULL", "UNCHECKED",
+    "OVER_SLO", "QUEUED", "QUEUE_FULL", "QUEUE_TIMEOUT", "RETRY", "TENANT_QUEUE_FULL", "UNCHECKED",
     "Completion", "Dispatch", "DispatchConfig", "Dispatcher", "FleetLike", "Job", "Pumped",
     "Rejection", "Waiting",
 ]

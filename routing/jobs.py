@@ -27,6 +27,7 @@ RETRY = "retry"  # a second attempt after a failure before the first byte
 QUEUE_FULL = "queue_full"
 TENANT_QUEUE_FULL = "tenant_queue_full"
 QUEUE_TIMEOUT = "queue_timeout"
+OVER_SLO = "over_slo"  # every backend that could take it is at its TPOT SLO (SLO admission)
 NO_HEALTHY_BACKEND = "no_backend"
 CANCELLED = "cancelled"
 
@@ -130,12 +131,12 @@ class Dispatch:
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """A request answered without dispatch: `status` (429 queue full, 503 timed out or no
-    backend) with `retry_after_s` seconds for the Retry-After header."""
+    """A request answered without dispatch: `status` (429 queue full or over the TPOT SLO, 503
+    timed out or no backend) with `retry_after_s` seconds for the Retry-After header."""
 
     job: Job
     status: int
-    code: str  # QUEUE_FULL, TENANT_QUEUE_FULL, QUEUE_TIMEOUT or NO_HEALTHY_BACKEND
+    code: str  # QUEUE_FULL, TENANT_QUEUE_FULL, OVER_SLO, QUEUE_TIMEOUT or NO_HEALTHY_BACKEND
     message: str
     retry_after_s: int | None
     queue_wait_s: float = 0.0

@@ -424,6 +424,7 @@ class ProfileEstimator:
         self._log_sum = prior_weight * math.log(initial_scale)
         self._profile: BackendProfile | None = None
         self._tpots = 0  # TPOTs observed so far
+        self._readings = 0  # first tokens and TPOTs learned from so far
 
     def observe_ttft(self, prediction: Prediction, seconds: float) -> None:
         """One request's dispatch-to-first-token time, with the prediction it was dispatched on.
@@ -459,10 +460,17 @@ class ProfileEstimator:
 
     def _observe(self, ratio: float) -> None:
         """One reading of the scale: an observed time over the prior's model of it."""
+        self._readings += 1
         d = self._decay
         self._weight = self._weight * d + 1.0
         self._log_sum = self._log_sum * d + math.log(ratio)
         self._profile = None
+
+    @property
+    def calibrated(self) -> bool:
+        """At least one first token or TPOT has been learned from: the speed is no longer only the
+        slow-start guess."""
+        return self._readings > 0
 
     @property
     def scale(self) -> float:

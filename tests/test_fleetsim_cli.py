@@ -56,6 +56,16 @@ def test_weights_override_a_policys_defaults_and_are_recorded(
     assert runs[0]["cost+adm"] != runs[1]["cost+adm"]
 
 
+def test_slo_admission_follows_the_tpot_slo_and_is_recorded(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    configs = []
+    for extra in ([], ["--slo-tpot", "0.04", "--slo-wait", "0.3"], ["--slo-admission", "off"]):
+        assert kvgate([*SMALL, *extra, "--json", "-"]) == 0
+        configs.append(json.loads(capsys.readouterr().out)["config"])
+    assert [(c["tpot_slo_s"], c["slo_wait_s"]) for c in configs] == [
+        (0.05, 0.0), (0.04, 0.3), (None, 0.0)]
+
+
 def test_the_table_names_every_policy_and_figure(capsys: pytest.CaptureFixture[str]) -> None:
     assert kvgate([*SMALL, "--arrival", "bursty", "--replicas", "2"]) == 0
     out = capsys.readouterr().out
@@ -130,10 +140,12 @@ def test_plot_without_matplotlib_fails_before_simulating(
     (["--weights", "cost:ttft=-1"], "cost:ttft needs a weight >= 0"),
     (["--weights", "ttft=2"], "expected POLICY:NAME=W"),
     (["--policies", "kv_util", "--weights", "cost:ttft=1"], "which --policies does not compare"),
+    (["--slo-tpot", "0"], "--slo-tpot must be > 0"),
+    (["--slo-wait", "-1"], "--slo-wait must be >= 0"),
 ], ids=["unknown-policy", "unknown-admission", "unknown-preset", "mixed-models", "bad-load",
         "negative-rate", "bad-seed", "zero-duration", "negative-interval", "no-replicas",
         "missing-trace", "no-groups", "unknown-scorer", "negative-weight", "no-policy",
-        "weights-of-a-policy-not-compared"])
+        "weights-of-a-policy-not-compared", "zero-slo", "negative-slo-wait"])
 def test_bad_usage_exits_2_with_one_line_naming_the_problem(
         args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert kvgate(["simulate", *args]) == 2

@@ -56,10 +56,11 @@ def test_every_request_completes_or_is_rejected_exactly_once(policy: str,
 def test_an_overloaded_gateway_queue_rejects_and_still_conserves_requests() -> None:
     # 300 long requests within one second: more KV than the fleet holds. With no scrape after
     # the first, the gateway's ledger alone tells it so: admission queues the surplus in the
-    # gateway, where a short queue overflows and a short timeout expires.
+    # gateway, where a short queue overflows and a short timeout expires. (SLO admission off:
+    # it would refuse most of them first, for the TPOT their prefills would cost.)
     items = load_trace(json.dumps({"arrival_s": i / 300, "prompt_tokens": 6000,
                                    "output_tokens": 300}) for i in range(300))
-    tight = DispatchConfig(queue_max_depth=4, queue_timeout_s=0.5)
+    tight = DispatchConfig(queue_max_depth=4, queue_timeout_s=0.5, tpot_slo_s=None)
     out = _run(items, policy="cost", admission=True, dispatch=tight, scrape_interval_s=100.0,
                max_snapshot_age_s=1000.0)
     codes = {r.rejected for r in out.requests}
@@ -137,3 +138,23 @@ def test_every_dispatched_request_records_what_the_gateway_predicted_for_it() ->
     assert done and all(r.predicted_ttft_s > 0.0 and r.predicted_tpot_s > 0.0 for r in done)
     # Predictions are of time from dispatch: the gateway queue is not in them.
     assert all(math.isfinite(r.predicted_ttft_s) for r in done)
+
+
+def test_past_the_fleets_slo_capacity_slo_admission_sheds_the_excess_and_raises_goodput() -> None:
+    # Mixed traffic at about this fleet's saturated throughput, past what it serves within the
+    # SLOs: without SLO admission every admitted reply slows down together; with it the gateway
+    # refuses the surplus (429 over_slo) and more requests meet both SLOs than when all are let
+    # in (here 21.6 against 10.6 per second).
+    items = schedule(workload("mixed"), rate=30.0, duration_s=20.0, seed=0)
+
+    def run(tpot_slo_s: float | None) -> RunOutcome:
+        return simulate(items, FLEET, SimConfig(policy="cost", admission=True,
+                                                dispatch=DispatchConfig(tpot_slo_s=tpot_slo_s)),
+                        duration_s=20.0)
+
+    gated, open_door = run(0.05), run(None)
+    for out in (gated, open_door):
+        _check_conservation(items, out)
+    assert {r.rejected for r in gated.requests} == {None, "over_slo"}
+    assert {r.rejected for r in open_door.requests} == {None}
+    assert summarize(gated, Slo()).goodput_rps > summarize(open_door, Slo()).goodput_rps

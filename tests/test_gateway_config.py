@@ -71,6 +71,7 @@ def test_defaults_without_file() -> None:
     assert settings.server.port == 8000
     assert settings.server.max_body_bytes == 32 * 1024 * 1024
     assert settings.routing.policy == "cost"
+    assert (settings.routing.tpot_slo_s, settings.routing.slo_wait_s) == (0.05, 0.0)
     assert settings.backends == ()
 
 
@@ -91,6 +92,8 @@ def test_settings_are_frozen() -> None:
         pytest.param("routing: {policy: nope}\n", "routing.policy", id="unknown policy"),
         pytest.param("routing: {poll_group_size: 0}\n", "routing.poll_group_size",
                      id="empty poll group"),
+        pytest.param("routing: {tpot_slo_s: 0}\n", "routing.tpot_slo_s", id="zero TPOT SLO"),
+        pytest.param("routing: {slo_wait_s: -1}\n", "routing.slo_wait_s", id="negative SLO wait"),
         pytest.param("routing: {full_scrape_interval_s: 0}\n",
                      "routing.full_scrape_interval_s", id="no full scrape interval"),
         pytest.param("backends: [{url: 'http://h', metrics_format: x}]\n",

@@ -12,6 +12,7 @@ from routing.dispatch import (
     CANCELLED,
     NO_BACKEND,
     NO_HEALTHY_BACKEND,
+    OVER_SLO,
     OVERSIZED,
     QUEUE_FULL,
     QUEUE_TIMEOUT,
@@ -24,12 +25,14 @@ from routing.dispatch import (
     DispatchConfig,
     Dispatcher,
     Job,
+    Pumped,
     Rejection,
     Waiting,
 )
 from routing.fleet import Fleet
 from routing.policy import PolicyContext, build_router
 from routing.state import BackendSnapshot, BackendSpec
+from routing.ttft import BackendProfile
 
 BLOCK = 16
 SHORT = "hello " * 20  # ~30 tokens
@@ -266,8 +269,9 @@ def test_prompts_sent_to_a_backend_count_as_its_prefill_load_until_they_age_out(
 
 def test_tpot_feedback_is_learned_with_the_prefill_stretch_taken_out() -> None:
     # Same observed TPOT; where prefills were taking time, the bare decode step is faster.
-    quiet = dispatcher(make_fleet(a=(100_000, 100_000)))
-    loaded = dispatcher(make_fleet(a=(100_000, 100_000)))
+    # (SLO admission off: these TPOTs are at the SLO, and the loaded one would start refusing.)
+    quiet = dispatcher(make_fleet(a=(100_000, 100_000)), tpot_slo_s=None)
+    loaded = dispatcher(make_fleet(a=(100_000, 100_000)), tpot_slo_s=None)
     for i in range(50):
         t = float(i)
         placed(loaded.submit(job(f"long{i}", LONG), t))
@@ -366,3 +370,97 @@ def test_a_first_token_after_the_attempt_finished_teaches_nothing() -> None:
     d.finish(out, 0.5)
     d.first_token(out, 0.6)
     assert d.profile("a") == before
+
+
+# SLO admission: past the TPOT SLO, one more request would slow every reply on the backend.
+
+def flood(d: Dispatcher, at: float = 0.0, limit: int = 20, tpot_s: float = 0.03
+          ) -> tuple[list[Dispatch], Waiting | Rejection]:
+    """One short reply measured at `tpot_s` (the gate waits for a backend's first speed
+    reading), then distinct long prompts at `at` until one is not dispatched: their prefill
+    stretches every decode step there (ttft.py), so the predicted TPOT climbs past the SLO."""
+    warm = placed(d.submit(job("warm"), at))
+    d.finish(warm, at, Completion(completion_tokens=10, tpot_s=tpot_s))
+    placed_so_far: list[Dispatch] = []
+    for i in range(limit):
+        out = d.submit(job(f"long{i}", f"{i} {LONG}"), at)
+        if not isinstance(out, Dispatch):
+            return placed_so_far, out
+        placed_so_far.append(out)
+    raise AssertionError(f"{limit} long prompts and the TPOT SLO never closed")
+
+
+def queued(out: Dispatch | Waiting | Rejection) -> Waiting:
+    assert isinstance(out, Waiting), out
+    return out
+
+
+def test_past_the_tpot_slo_a_request_waits_then_is_refused_429_over_slo() -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000)), slo_wait_s=0.5)
+    sent, out = flood(d)
+    waiting = queued(out)
+    assert len(sent) >= 2  # the SLO admits some load before it closes
+    assert d.next_deadline(0.0) == pytest.approx(0.5)
+    assert d.pump(0.4).rejected == ()
+    refused = d.pump(0.5).rejected
+    assert [(r.job.request_id, r.status, r.code) for r in refused] == [
+        (waiting.job.request_id, 429, OVER_SLO)]
+    assert refused[0].retry_after_s is not None and refused[0].retry_after_s >= 1
+    assert refused[0].queue_wait_s == pytest.approx(0.5)
+    assert d.queue_depth == 0
+
+
+def test_a_request_waiting_on_the_slo_leaves_once_the_backend_is_back_under_it() -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000)), slo_wait_s=25.0)
+    sent, out = flood(d)
+    waiting = queued(out)
+    for s in sent[1:]:
+        d.finish(s, 0.1)
+    assert d.pump(0.1) == Pumped((), ())  # the prefill load is still recent: still over the SLO
+    out = d.pump(20.0)  # it has decayed (a 5 s average): back under
+    assert [p.job.request_id for p in out.dispatched] == [waiting.job.request_id]
+    assert out.dispatched[0].reason == QUEUED
+
+
+def test_a_backend_with_none_of_the_gateways_requests_in_flight_always_takes_one() -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000)), slo_wait_s=25.0)
+    sent, out = flood(d)
+    waiting = queued(out)
+    for s in sent:
+        d.finish(s, 0.1)
+    assert [p.job.request_id for p in d.pump(0.1).dispatched] == [waiting.job.request_id]
+
+
+def test_by_default_a_request_over_the_slo_is_refused_at_once_not_queued() -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000)))
+    _, out = flood(d)
+    assert isinstance(out, Rejection) and (out.status, out.code) == (429, OVER_SLO)
+    assert out.retry_after_s is not None and out.retry_after_s >= 1
+    assert d.queue_depth == 0
+
+
+def test_a_backend_is_not_gated_before_its_first_speed_reading() -> None:
+    # Until a first token or a reply is measured, its speed is the slow-start guess: a burst at
+    # start-up is not refused for a slowness nobody has seen.
+    d = dispatcher(make_fleet(a=(100_000, 100_000)))
+    for i in range(20):
+        placed(d.submit(job(f"long{i}", f"{i} {LONG}"), 0.0))
+
+
+def test_without_slo_admission_the_same_flood_is_all_dispatched() -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000)), tpot_slo_s=None)
+    for i in range(20):
+        placed(d.submit(job(f"long{i}", f"{i} {LONG}"), 0.0))
+
+
+def test_a_backend_too_slow_for_the_slo_alone_is_held_to_twice_its_idle_tpot() -> None:
+    # A prior whose bare decode step (x4 until measured) is 80 ms: over a 50 ms SLO even alone.
+    slow = BackendProfile(decode_base_s=0.02)
+    fleet = make_fleet(a=(100_000, 100_000))
+    d = Dispatcher(fleet, build_router("cost", PolicyContext(rng=random.Random(0))),
+                   config=DispatchConfig(), profile=slow)
+    warm = placed(d.submit(job("warm"), 0.0))
+    d.finish(warm, 0.0, Completion(completion_tokens=10, tpot_s=0.09))  # slow, as predicted
+    for i in range(3):  # short prompts add almost nothing: within 2 x its idle TPOT
+        placed(d.submit(job(f"short{i}"), 0.0))
+    flood(d, tpot_s=0.09)  # long ones still push it past that

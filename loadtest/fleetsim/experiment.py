@@ -119,6 +119,8 @@ class Report:
                 "replicas": e.replicas,
                 "slo": {"ttft_s": e.slo.ttft_s, "tpot_s": e.slo.tpot_s},
                 "queue_timeout_s": e.dispatch.queue_timeout_s,
+                "tpot_slo_s": e.dispatch.tpot_slo_s,
+                "slo_wait_s": e.dispatch.slo_wait_s,
                 "weights": {policy: dict(w) for policy, w in e.weights.items()},
                 "contenders": [{"label": c.label, "policy": c.policy, "admission": c.admission}
                                for c in e.contenders],

@@ -13,7 +13,8 @@ Events, processed in time order (ties in the order they were scheduled):
 - scrape: replica r reads backend b's state into its Fleet (`snapshot`), every scrape interval,
   backend b offset by b/n of an interval (as the poller staggers them) and each replica at its own
   seeded phase; all replicas scrape every backend at time 0, before traffic (start-up discovery);
-- deadline: a replica's oldest queued request times out (`Dispatcher.next_deadline`);
+- deadline: a replica's oldest queued request times out, or its queue head has waited out the
+  SLO wait (`Dispatcher.next_deadline`);
 - sample: every `sample_interval_s` of the arrival window, each engine's KV usage, for the load
   imbalance figure.
 The run ends when every request has completed or been rejected. Nothing reads a clock; the
