@@ -13,6 +13,8 @@ For one policy, one seed and one load level (the first of each given), it prints
   scorer built on it (an example: loadtest/README.md, the queue-model bug of session 3);
 - how many requests waited over 1 s for their first token, by 5 s window of arrival: a cluster in
   the first window is the cold start, before the gateway knows its backends' speeds.
+- the refused requests by reason, by workload kind and by 5 s window of arrival: whom admission
+  sheds, and whether it sheds at the cold start.
 `--after S` leaves out requests that arrived in the first S seconds from the accuracy figures.
 """
 
@@ -134,6 +136,25 @@ def slow_starts(run: RunOutcome, over_s: float = 1.0, window_s: float = 5.0) -> 
     return f"requests with TTFT over {over_s:g} s, by arrival: {spans}"
 
 
+def rejections(run: RunOutcome, window_s: float = 5.0) -> str:
+    """Refused requests by reason, by workload kind and by window of arrival: whom admission
+    sheds, and whether it sheds at the cold start (before the backends' speeds are measured)."""
+    refused = [r for r in run.requests if r.rejected is not None]
+    if not refused:
+        return "no request was refused"
+    reasons = Counter(r.rejected for r in refused)
+    kinds = Counter(r.kind for r in refused)
+    totals = Counter(r.kind for r in run.requests)
+    windows = Counter(int(r.arrival_s // window_s) for r in refused)
+    return "\n".join([
+        f"refused {len(refused)} of {len(run.requests)}: "
+        + ", ".join(f"{code} {n}" for code, n in reasons.most_common()),
+        "by kind: " + ", ".join(f"{k} {n} ({n / totals[k]:.1%})" for k, n in sorted(kinds.items())),
+        "by arrival: " + ", ".join(f"{k * window_s:g}-{(k + 1) * window_s:g} s: {n}"
+                                   for k, n in sorted(windows.items())),
+    ])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.probe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -164,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     print(accuracy(run, args.after))
     print()
     print(slow_starts(run))
+    print()
+    print(rejections(run))
     return 0
 
 
