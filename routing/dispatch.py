@@ -35,17 +35,18 @@ Rules
   stall and its KV read included: `Prediction.tpot_others_s`). Past that point one more request
   makes every reply there slow, so past the fleet's SLO capacity the gateway sheds the excess
   instead of letting every user miss. A request no backend can take within the SLO is refused with
-  429 (`OVER_SLO`) and a Retry-After, at once by default, or after waiting in the gateway queue up
-  to `slo_wait_s` for a backend to come back under it (a waiting head holds up every arrival
-  behind it, which on the simulated fleet cost more than it saved). A backend with none of the
-  gateway's requests in flight is not gated (there is nothing to protect there, and the fleet
-  never stops serving); a backend too slow to meet the SLO even alone is held to
-  `SLOW_BACKEND_FACTOR` times its own idle TPOT instead. Nor is a backend gated before its first
-  speed reading (a first token or a TPOT: `ProfileEstimator.calibrated`): until then its speed is
-  the slow-start guess, and a burst at start-up would be refused for a slowness nobody has seen.
-  Once read, a backend is still predicted on the slow side until its replies pull the scale down:
-  the cold start refuses a few requests (4 of 3,666 in the first 5 s of `python -m loadtest.probe
-  --workload mixed --load 0.95 --duration 60 --seeds 0`, 253 in all).
+  429 (`OVER_SLO`) and a Retry-After of when the soonest backend would be back under it if nothing
+  else arrived (`ttft.slo_recovery_s`: its prefill load decays), at once by default, or after
+  waiting in the gateway queue up to `slo_wait_s` for a backend to come back under it (a waiting
+  head holds up every arrival behind it, which on the simulated fleet cost more than it saved). A
+  backend with none of the gateway's requests in flight is not gated (there is nothing to protect
+  there, and the fleet never stops serving); a backend too slow to meet the SLO even alone is held
+  to `SLOW_BACKEND_FACTOR` times its own idle TPOT instead. Nor is a backend gated before its
+  first speed reading (a first token or a TPOT: `ProfileEstimator.calibrated`): until then its
+  speed is the slow-start guess, and a burst at start-up would be refused for a slowness nobody
+  has seen. Once read, a backend is still predicted on the slow side until its replies pull the
+  scale down: the cold start refuses a few requests (4 of 3,666 in the first 5 s of `python -m
+  loadtest.probe --workload mixed --load 0.95 --duration 60 --seeds 0`, 253 in all).
 - Queues are per model, strict priority between classes, fair between tenants, FIFO within one
   (routing/admission.py); the head of a queue is never overtaken, so a large request is not
   starved by smaller ones behind it.
@@ -65,6 +66,8 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
 from routing.admission import (
+    RETRY_AFTER_MAX_S,
+    RETRY_AFTER_MIN_S,
     AdmissionQueue,
     DrainRate,
     Verdict,
@@ -108,6 +111,7 @@ from routing.ttft import (
     Prediction,
     ProfileEstimator,
     predict,
+    slo_recovery_s,
 )
 
 
@@ -167,6 +171,7 @@ class _Survey(NamedTuple):
     any_fits: bool  # some backend takes it now (KV rule and, with SLO admission, the TPOT SLO)
     all_oversized: bool
     over_slo: bool  # some backend fits its KV, but every one of those is at its TPOT SLO
+    slo_retry_s: float | None  # then: the soonest one is back under it (ttft.slo_recovery_s)
 
 
 class Dispatcher:
@@ -219,7 +224,7 @@ class Dispatcher:
             return self._dispatch(job, cost, chain, survey, now, None, 1, ())
         if verdict.verdict is Verdict.QUEUE:
             if survey.over_slo and self.config.slo_wait_s <= 0.0:
-                return self._over_slo(job, queue, now, 0.0, None)
+                return self._over_slo(job, survey, queue, now, 0.0, None)
             waiting = Waiting(job, cost, chain, now)
             queue.push(waiting, priority=job.priority, tenant=job.tenant, now=now)
             return waiting
@@ -248,7 +253,7 @@ class Dispatcher:
                     if not (survey.over_slo and waited >= self.config.slo_wait_s):
                         break  # the head waits for capacity; nothing behind it overtakes
                     queue.pop_next()
-                    rejected.append(self._over_slo(head.job, queue, now, waited, head))
+                    rejected.append(self._over_slo(head.job, survey, queue, now, waited, head))
                     continue
                 queue.pop_next()
                 self._drain.record(now)
@@ -393,6 +398,7 @@ class Dispatcher:
         fitting: list[Candidate] = []
         slo = self.config.tpot_slo_s if self.config.admission else None
         kv_fits = False
+        retry: float | None = None
         for c in candidates:
             cid = c.spec.id
             depth = matched.get(cid, 0)
@@ -410,9 +416,16 @@ class Dispatcher:
                 capacity is None or committed.get(cid, 0) + commit <= high_water * capacity
             ):
                 kv_fits = True
-                if slo is None or c.inflight == 0 or not estimator.calibrated or (
-                        pred.tpot_others_s <= max(slo, SLOW_BACKEND_FACTOR * pred.tpot_idle_s)):
+                if slo is None or c.inflight == 0 or not estimator.calibrated:
                     fitting.append(c)
+                    continue
+                limit = max(slo, SLOW_BACKEND_FACTOR * pred.tpot_idle_s)
+                if pred.tpot_others_s <= limit:
+                    fitting.append(c)
+                elif not fitting:
+                    wait = slo_recovery_s(pred, limit)
+                    if wait is not None and (retry is None or wait < retry):
+                        retry = wait
         all_oversized = bool(candidates) and all(p.oversized for p in predictions.values())
         if not self.config.admission:
             pool, reason = candidates, UNCHECKED
@@ -422,8 +435,9 @@ class Dispatcher:
             pool, reason = candidates, OVERSIZED
         else:
             pool, reason = [], ADMITTED
+        over = kv_fits and not fitting
         return _Survey(candidates, predictions, matched, commits, uncached, pool, reason,
-                       bool(fitting), all_oversized, kv_fits and not fitting)
+                       bool(fitting), all_oversized, over, retry if over else None)
 
     def _dispatch(self, job: Job, cost: RequestCost, chain: PrefixChain, survey: _Survey,
                   now: float, waiting: Waiting | None, attempt: int, tried: tuple[str, ...],
@@ -466,12 +480,19 @@ class Dispatcher:
                         block_size=block_size, committed_blocks=commit,
                         context_tokens=context)
 
-    def _over_slo(self, job: Job, queue: AdmissionQueue[Waiting], now: float, wait: float,
-                  waiting: Waiting | None) -> Rejection:
+    def _over_slo(self, job: Job, survey: _Survey, queue: AdmissionQueue[Waiting], now: float,
+                  wait: float, waiting: Waiting | None) -> Rejection:
+        """429 with a Retry-After of when the soonest backend is back under the SLO, if nothing
+        else arrived (whole seconds, clamped as the queue's); the queue's drain pace when the
+        decay of the prefill load alone cannot get any there."""
+        if survey.slo_retry_s is not None:
+            retry = min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, math.ceil(survey.slo_retry_s)))
+        else:
+            retry = retry_after_s(queue.depth, self._drain.per_second(now))
         return self._reject(
             job, 429, OVER_SLO,
             f"every backend that could take the request is at its {self.config.tpot_slo_s} s "
-            "TPOT SLO", retry_after_s(queue.depth, self._drain.per_second(now)), wait, waiting)
+            "TPOT SLO", retry, wait, waiting)
 
     def _session_backend(self, session: str | None) -> str | None:
         return None if session is None else self._sessions.get(session)

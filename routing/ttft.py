@@ -67,6 +67,7 @@ UNKNOWN_RISK = 0.5  # preemption risk of a backend whose KV capacity is unknown
 SLOW_START_SCALE = 4.0  # a backend not measured yet is taken as this much slower than the prior
 BOOTSTRAP_TPOTS = 8  # first tokens calibrate a backend's speed until this many TPOTs come in
 MAX_PREFILL_BUSY = 0.9  # prefill share of a backend's time beyond which TPOT is taken as 10x
+PREFILL_RATE_TAU_S = 5.0  # time constant of a backend's recent prefill load (`PrefillRate`)
 _SQRT2 = math.sqrt(2.0)
 
 
@@ -119,7 +120,7 @@ class PrefillRate:
 
     __slots__ = ("_tau", "_sum", "_at")
 
-    def __init__(self, tau_s: float = 5.0) -> None:
+    def __init__(self, tau_s: float = PREFILL_RATE_TAU_S) -> None:
         if not tau_s > 0.0:
             raise ValueError("tau_s must be > 0")
         self._tau = tau_s
@@ -152,7 +153,7 @@ class BackendWork:
                  "_backlog", "_backlog_at", "_scrape_at", "_scrape_waiting", "_since_n",
                  "_queue", "_queue_at")
 
-    def __init__(self, tau_s: float = 5.0, memory: int = 256) -> None:
+    def __init__(self, tau_s: float = PREFILL_RATE_TAU_S, memory: int = 256) -> None:
         if memory < 1:
             raise ValueError("memory must be >= 1")
         self.rate = PrefillRate(tau_s)
@@ -252,6 +253,24 @@ class BackendWork:
         for at, tokens in reversed(since):
             self._queue = self._drained(at, tokens_per_s) + tokens
             self._queue_at = at
+
+def slo_recovery_s(pred: Prediction, limit_s: float,
+                   tau_s: float = PREFILL_RATE_TAU_S) -> float | None:
+    """Seconds until the replies decoding on the predicted backend would be back within `limit_s`
+    with this request there (`tpot_others_s`), if nothing else arrived meanwhile: the prefill
+    load (`prefill_busy`, an exponential average over `tau_s`) decays as exp(-t / tau_s), and
+    with it the stretch of every decode step. 0 when already within; None when the decay alone
+    cannot get there (the KV read, or this prompt's own stall, is over the limit by itself)."""
+    if pred.tpot_others_s <= limit_s:
+        return 0.0
+    stall = pred.tpot_others_s - pred.predicted_tpot_s
+    step = pred.predicted_tpot_s * (1.0 - pred.prefill_busy)  # unstretched by prefill
+    room = limit_s - stall
+    if room <= step or pred.prefill_busy <= 0.0:
+        return None
+    fits_at = 1.0 - step / room  # the prefill share under which it is within the limit
+    return tau_s * math.log(pred.prefill_busy / fits_at)
+
 
 def predict(
     candidate: Candidate,

@@ -439,6 +439,25 @@ def test_by_default_a_request_over_the_slo_is_refused_at_once_not_queued() -> No
     assert d.queue_depth == 0
 
 
+def test_an_over_slo_refusals_retry_after_is_when_the_same_request_would_be_admitted() -> None:
+    # Very long prompts overshoot the SLO by seconds of prefill load. With nothing else
+    # arriving, the refused request fits again once that load has decayed: not a second before
+    # the Retry-After (whole seconds, rounded up), and at it.
+    d = dispatcher(make_fleet(a=(100_000, 100_000)))
+    warm = placed(d.submit(job("warm"), 0.0))
+    d.finish(warm, 0.0, Completion(completion_tokens=10, tpot_s=0.03))
+    huge = "word " * 16_000
+    for i in range(5):
+        out = d.submit(job(f"huge{i}", f"{i} {huge}"), 0.0)
+        if isinstance(out, Rejection):
+            break
+    assert isinstance(out, Rejection) and out.code == OVER_SLO
+    wait = out.retry_after_s
+    assert wait is not None and wait >= 2
+    assert isinstance(d.submit(job("early", f"{i} {huge}"), wait - 1.0), Rejection)
+    placed(d.submit(job("on time", f"{i} {huge}"), float(wait)))
+
+
 def test_a_backend_is_not_gated_before_its_first_speed_reading() -> None:
     # Until a first token or a reply is measured, its speed is the slow-start guess: a burst at
     # start-up is not refused for a slowness nobody has seen.
