@@ -5,8 +5,9 @@
 
 Every `--interval` seconds it reads GET /admin/backends (each backend's KV usage, running and
 waiting sequences, the gateway's in-flight count, the scrape's age) and GET /metrics (the gateway
-queue; TTFT, TPOT and queue-time percentiles, cache hit rate and small-model share over the last
-minute, from the difference between scrapes: gateway/topstats.py). `--once` renders one frame,
+queue; requests refused, by reason (`over_slo`, `queue_full`, ...); TTFT, TPOT and queue-time
+percentiles, cache hit rate and small-model share over the last minute, from the difference
+between scrapes: gateway/topstats.py). `--once` renders one frame,
 whose figures cover everything since the gateway started, and exits: 0, or 1 when the gateway
 cannot be read. Needs `rich` (the `top` extra), imported only here.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -141,6 +142,7 @@ def _gateway_table(stats: WindowStats) -> RenderableType:
     summary.add_row(
         f"queue {number(stats.queue_depth)} waiting",
         f"requests {number(stats.requests)}{rate}",
+        f"refused {refused(stats.refused)}",
         f"cache hit rate {percent(stats.cache_hit_rate)}",
         f"small-model share {percent(stats.small_model_share)}",
     )
@@ -148,6 +150,17 @@ def _gateway_table(stats: WindowStats) -> RenderableType:
     outer.add_row(summary)
     outer.add_row(table)
     return outer
+
+
+def refused(by_reason: Mapping[str, float]) -> str:
+    """Requests refused in the window, with the reasons, most first: "12 (over_slo 11,
+    queue_full 1)"; "0" when none."""
+    total = sum(by_reason.values())
+    if not total:
+        return "0"
+    reasons = ", ".join(f"{reason} {number(n)}" for reason, n in
+                        sorted(by_reason.items(), key=lambda rn: (-rn[1], rn[0])))
+    return f"{number(total)} ({reasons})"
 
 
 def kv_bar(usage: float | None, width: int = BAR_WIDTH) -> RenderableType:

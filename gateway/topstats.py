@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from gateway.telemetry.prometheus import metric_name
 
@@ -24,6 +25,10 @@ QUEUE_TIME = metric_name("kvgate.queue.time", "s", "histogram")
 QUEUE_DEPTH = metric_name("kvgate.queue.depth", "{request}", "gauge")
 CACHE_LOOKUPS = metric_name("kvgate.cache.lookups", "{lookup}", "counter")
 SMALL_MODEL = metric_name("kvgate.small_model.decisions", "{request}", "counter")
+ADMISSIONS = metric_name("kvgate.admission.decisions", "{request}", "counter")
+RESULT_LABEL = "kvgate_admission_result"
+REASON_LABEL = "kvgate_admission_reason"
+_NO_REFUSALS: Mapping[str, float] = MappingProxyType({})
 TIER_LABEL = "kvgate_cache_tier"
 LOOKUP_LABEL = "kvgate_cache_lookup"
 CHOSEN_LABEL = "kvgate_small_model_chosen"
@@ -184,6 +189,7 @@ class Scrape:
     small_chosen: float
     small_decisions: float
     queue_depth: float | None
+    refused: Mapping[str, float] = field(default_factory=lambda: _NO_REFUSALS)  # by reason
 
 
 def scrape_of(samples: list[Sample], at: float) -> Scrape:
@@ -193,6 +199,11 @@ def scrape_of(samples: list[Sample], at: float) -> Scrape:
         tier = s.labels.get(TIER_LABEL, "")
         per_tier[tier] = per_tier.get(tier, 0.0) + s.value
     small = SMALL_MODEL
+    refused: dict[str, float] = {}
+    for s in samples:
+        if s.name == ADMISSIONS and s.labels.get(RESULT_LABEL) == "rejected":
+            reason = s.labels.get(REASON_LABEL) or "unknown"
+            refused[reason] = refused.get(reason, 0.0) + s.value
     return Scrape(
         at=at,
         ttft=histogram(samples, TTFT),
@@ -205,6 +216,7 @@ def scrape_of(samples: list[Sample], at: float) -> Scrape:
         small_chosen=counter_sum(samples, small, **{CHOSEN_LABEL: "true"}),
         small_decisions=counter_sum(samples, small),
         queue_depth=gauge_value(samples, QUEUE_DEPTH),
+        refused=MappingProxyType(refused),
     )
 
 
@@ -218,6 +230,7 @@ class WindowStats:
     cache_hit_rate: float | None  # None: no lookups in the window
     small_model_share: float | None  # None: no small-model decisions in the window
     queue_depth: float | None
+    refused: Mapping[str, float] = field(default_factory=lambda: _NO_REFUSALS)  # by reason
 
 
 def _diff(new: float, old: float) -> float:
@@ -248,6 +261,9 @@ def window_stats(new: Scrape, old: Scrape | None) -> WindowStats:
             _diff(new.small_decisions, base.small_decisions),
         ),
         queue_depth=new.queue_depth,
+        refused=MappingProxyType({
+            reason: n for reason, count in new.refused.items()
+            if (n := _diff(count, base.refused.get(reason, 0.0))) > 0}),
     )
 
 

@@ -151,6 +151,27 @@ def test_hit_rate_and_small_model_share_come_from_the_gateways_own_counters() ->
     assert stats.ttft.count == 6 and quantile(0.5, stats.ttft) == pytest.approx(0.175)
 
 
+def test_refusals_are_counted_by_reason_over_the_window() -> None:
+    telemetry = Telemetry(TelemetrySettings(access_log_sample_rate=0.0))
+    refuse = {"status": 429, "admission": "rejected", "output_tokens": None}
+    try:
+        recorded(telemetry, **refuse, rejection_reason="over_slo")
+        recorded(telemetry)  # admitted: not a refusal
+        first = scrape_of(parse_exposition(telemetry.render_prometheus().decode()), at=1.0)
+        recorded(telemetry, **refuse, rejection_reason="over_slo")
+        recorded(telemetry, **refuse, rejection_reason="over_slo")
+        recorded(telemetry, **{**refuse, "status": 503}, rejection_reason="queue_timeout")
+        window = ScrapeWindow()
+        window.add(first)
+        stats = window.add(scrape_of(parse_exposition(
+            telemetry.render_prometheus().decode()), at=2.0))
+    finally:
+        telemetry.shutdown()
+    assert dict(first.refused) == {"over_slo": 1}
+    assert dict(stats.refused) == {"over_slo": 2, "queue_timeout": 1}  # this window's alone
+    assert "refused 3 (over_slo 2, queue_timeout 1)" in text_of(Frame("http://gw", (), stats))
+
+
 def text_of(frame: Frame, width: int = 120) -> str:
     console = Console(width=width, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
     console.print(render(frame))
