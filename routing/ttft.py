@@ -254,6 +254,7 @@ class BackendWork:
             self._queue = self._drained(at, tokens_per_s) + tokens
             self._queue_at = at
 
+
 def slo_recovery_s(pred: Prediction, limit_s: float,
                    tau_s: float = PREFILL_RATE_TAU_S) -> float | None:
     """Seconds until the replies decoding on the predicted backend would be back within `limit_s`
