@@ -36,12 +36,12 @@ Rules
   makes every reply there slow, so past the fleet's SLO capacity the gateway sheds the excess
   instead of letting every user miss. A request no backend can take within the SLO is refused with
   429 (`OVER_SLO`) and a Retry-After of when the soonest backend would be back under it if nothing
-  else arrived (`ttft.slo_recovery_s`: its prefill load decays), at once by default, or after
+  else arrived (`slo.recovery_s`: its prefill load decays), at once by default, or after
   waiting in the gateway queue up to `slo_wait_s` for a backend to come back under it (a waiting
   head holds up every arrival behind it, which on the simulated fleet cost more than it saved). A
   backend with none of the gateway's requests in flight is not gated (there is nothing to protect
   there, and the fleet never stops serving); a backend too slow to meet the SLO even alone is held
-  to `SLOW_BACKEND_FACTOR` times its own idle TPOT instead. Nor is a backend gated before its
+  to `slo.SLOW_BACKEND_FACTOR` times its own idle TPOT instead. Nor is a backend gated before its
   first speed reading (a first token or a TPOT: `ProfileEstimator.calibrated`): until then its
   speed is the slow-start guess, and a burst at start-up would be refused for a slowness nobody
   has seen. Once read, a backend is still predicted on the slow side until its replies pull the
@@ -102,6 +102,7 @@ from routing.ledger import Lease
 from routing.policy import NoCandidate, Router, RouteRequest
 from routing.prefix import DEFAULT_BLOCK_CHARS, PrefixChain, PrefixIndex, prefix_chain
 from routing.scorers import DEFAULT_TPOT_TARGET_S
+from routing.slo import recovery_s, tpot_limit
 from routing.state import Candidate
 from routing.ttft import (
     DEFAULT_BLOCK_SIZE,
@@ -111,7 +112,6 @@ from routing.ttft import (
     Prediction,
     ProfileEstimator,
     predict,
-    slo_recovery_s,
 )
 
 
@@ -120,10 +120,6 @@ class FleetLike(Protocol):
 
     def candidates(self, model: str | None, now: float) -> list[Candidate]: ...
     def lease(self, backend_id: str, blocks: int, now: float) -> Lease: ...
-
-
-# A backend that cannot meet the TPOT SLO even alone is gated at this many times its idle TPOT.
-SLOW_BACKEND_FACTOR = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +167,7 @@ class _Survey(NamedTuple):
     any_fits: bool  # some backend takes it now (KV rule and, with SLO admission, the TPOT SLO)
     all_oversized: bool
     over_slo: bool  # some backend fits its KV, but every one of those is at its TPOT SLO
-    slo_retry_s: float | None  # then: the soonest one is back under it (ttft.slo_recovery_s)
+    slo_retry_s: float | None  # then: the soonest one is back under it (slo.recovery_s)
 
 
 class Dispatcher:
@@ -419,11 +415,11 @@ class Dispatcher:
                 if slo is None or c.inflight == 0 or not estimator.calibrated:
                     fitting.append(c)
                     continue
-                limit = max(slo, SLOW_BACKEND_FACTOR * pred.tpot_idle_s)
+                limit = tpot_limit(slo, pred)
                 if pred.tpot_others_s <= limit:
                     fitting.append(c)
                 elif not fitting:
-                    wait = slo_recovery_s(pred, limit)
+                    wait = recovery_s(pred, limit)
                     if wait is not None and (retry is None or wait < retry):
                         retry = wait
         all_oversized = bool(candidates) and all(p.oversized for p in predictions.values())

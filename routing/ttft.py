@@ -255,24 +255,6 @@ class BackendWork:
             self._queue_at = at
 
 
-def slo_recovery_s(pred: Prediction, limit_s: float,
-                   tau_s: float = PREFILL_RATE_TAU_S) -> float | None:
-    """Seconds until the replies decoding on the predicted backend would be back within `limit_s`
-    with this request there (`tpot_others_s`), if nothing else arrived meanwhile: the prefill
-    load (`prefill_busy`, an exponential average over `tau_s`) decays as exp(-t / tau_s), and
-    with it the stretch of every decode step. 0 when already within; None when the decay alone
-    cannot get there (the KV read, or this prompt's own stall, is over the limit by itself)."""
-    if pred.tpot_others_s <= limit_s:
-        return 0.0
-    stall = pred.tpot_others_s - pred.predicted_tpot_s
-    step = pred.predicted_tpot_s * (1.0 - pred.prefill_busy)  # unstretched by prefill
-    room = limit_s - stall
-    if room <= step or pred.prefill_busy <= 0.0:
-        return None
-    fits_at = 1.0 - step / room  # the prefill share under which it is within the limit
-    return tau_s * math.log(pred.prefill_busy / fits_at)
-
-
 def predict(
     candidate: Candidate,
     cost: RequestCost,
