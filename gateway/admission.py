@@ -368,7 +368,7 @@ def build_gate(routing: RoutingSettings, fleet: Fleet, router: Router,
         max_preemption_risk=routing.max_preemption_risk,
         queue_max_depth=routing.queue.max_depth, queue_timeout_s=routing.queue.timeout_s,
         queue_max_per_tenant=routing.queue.max_per_tenant, tpot_slo_s=routing.tpot_slo_s,
-        slo_wait_s=routing.slo_wait_s,
+        slo_wait_s=routing.slo_wait_s, slo_exempt_priority=routing.slo_exempt_priority,
     )
     cost_model = CostModel(tokenizers=load_tokenizers(routing.tokenizers))
     dispatcher = Dispatcher(fleet, router, cost_model, config=config)

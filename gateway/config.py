@@ -116,9 +116,11 @@ class RoutingSettings(_Section):
     # fleet's SLO capacity the excess is shed instead of every reply slowing down. A backend with
     # none of the gateway's requests in flight, or whose speed has not been read yet (no first
     # token or reply measured), is never gated; one too slow for the SLO even alone is held to 2x
-    # its idle TPOT instead. null turns it off.
+    # its idle TPOT instead. null turns it off. Requests of priority class slo_exempt_priority or
+    # higher (priority_header) are never refused for it: the lower classes are shed first.
     tpot_slo_s: float | None = Field(default=0.05, gt=0)
     slo_wait_s: float = Field(default=0.0, ge=0)
+    slo_exempt_priority: int | None = None
     queue: QueueSettings = QueueSettings()
     priority_header: str = Field(default="x-kvgate-priority", min_length=1)  # integer class
     tenant_header: str = Field(default="x-kvgate-tenant", min_length=1)

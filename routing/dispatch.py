@@ -47,6 +47,8 @@ Rules
   has seen. Once read, a backend is still predicted on the slow side until its replies pull the
   scale down: the cold start refuses a few requests (4 of 3,666 in the first 5 s of `python -m
   loadtest.probe --workload mixed --load 0.95 --duration 60 --seeds 0`, 253 in all).
+  With `slo_exempt_priority` set, requests of that priority class or higher are never gated:
+  past the SLO capacity the lower classes are shed and the higher ones still served.
 - Queues are per model, strict priority between classes, fair between tenants, FIFO within one
   (routing/admission.py); the head of a queue is never overtaken, so a large request is not
   starved by smaller ones behind it.
@@ -139,6 +141,8 @@ class DispatchConfig:
     # How long a request may wait for a backend within the SLO. 0 (refuse at once) measured
     # best: a waiting head holds up every arrival behind it (loadtest/README.md, session 7).
     slo_wait_s: float = 0.0
+    # Requests of this priority class or higher are not SLO-gated; None: every class is.
+    slo_exempt_priority: int | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.high_water <= 1.0:
@@ -393,6 +397,9 @@ class Dispatcher:
         peak = cost.peak_tokens
         fitting: list[Candidate] = []
         slo = self.config.tpot_slo_s if self.config.admission else None
+        exempt = self.config.slo_exempt_priority
+        if exempt is not None and job.priority >= exempt:
+            slo = None
         kv_fits = False
         retry: float | None = None
         for c in candidates:

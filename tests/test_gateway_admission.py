@@ -2,7 +2,8 @@
 large request at a time: requests that do not fit wait at the gateway; a full queue answers 429
 with Retry-After at once; a wait past the queue timeout answers 503 with Retry-After; a queued
 request leaves as soon as capacity frees; a client that hangs up while queued is never sent on;
-past the TPOT SLO, what no backend can take within it answers 429 over_slo.
+past the TPOT SLO, what no backend can take within it answers 429 over_slo, unless its
+priority class is exempt.
 Also who is asking (tenant, priority, session) and what the model reads, as tables."""
 
 from __future__ import annotations
@@ -152,44 +153,67 @@ async def test_a_client_that_hangs_up_while_queued_is_never_sent_to_a_backend() 
         assert await sim_figures(http, sim) == {"running": 0.0, "finished": 2.0}
 
 
-async def test_past_the_tpot_slo_the_excess_is_refused_429_over_slo_and_never_sent_on(
-) -> None:
-    # One streamed request first: the gate waits for the backend's first speed reading. Then 20
-    # distinct ~4,700-token prompts at once: each one's prefill stretches the decode steps of the
-    # replies there, so the predicted TPOT passes the SLO after some (7 of 20 when written); the
-    # rest are refused at once.
+@asynccontextmanager
+async def slo_rig(**routing: Any) -> AsyncIterator[tuple[str, str, aiohttp.ClientSession]]:
+    """A gateway with the strictest TPOT SLO in front of one simulator, after one streamed
+    request: its first token and its TPOT are the backend's first speed readings (the gate
+    waits for them). A backend is then held to twice its own idle TPOT, which it passes once
+    prefill takes over half its time."""
     async with running_sim(time_scale=1.0) as sim:
         settings = Settings.model_validate({
             "server": {"port": 0}, "backends": [{"url": sim}],
-            # The strictest SLO: a backend is then held to twice its own idle TPOT, which it
-            # passes once prefill takes over half its time (what the burst asks of it).
-            "routing": {"poll_interval_s": 0.05, "tpot_slo_s": 0.001, "slo_wait_s": 0},
+            "routing": {"poll_interval_s": 0.05, "tpot_slo_s": 0.001, "slo_wait_s": 0,
+                        **routing},
         })
         async with running_gateway(settings) as gateway, aiohttp.ClientSession() as http:
-            # Streamed: its first token and its TPOT are the backend's first speed readings.
             async with http.post(gateway + "/v1/chat/completions",
                                  json=big("warm", max_tokens=8, stream=True)) as resp:
                 assert resp.status == 200
                 await resp.read()
-            bodies = [{"model": MODEL, "max_tokens": 4,
-                       "messages": [{"role": "user", "content": f"{i} " + "word " * 4000}]}
-                      for i in range(20)]
-            answers = await asyncio.gather(*(post(http, gateway, b) for b in bodies))
-            statuses = [status for status, _, _ in answers]
-            assert 200 in statuses and 429 in statuses, statuses
-            for status, body, headers in answers:
-                if status == 429:
-                    assert body["error"]["code"] == "over_slo"
-                    assert body["error"]["type"] == "rate_limit_error"
-                    assert int(headers["Retry-After"]) >= 1
-                else:
-                    assert status == 200
+            yield gateway, sim, http
 
-            async def served() -> bool:
-                return (await sim_figures(http, sim))["finished"] == 1 + statuses.count(200)
 
-            await wait_for(served, "the simulator finished exactly the admitted requests")
-            assert (await sim_figures(http, sim))["running"] == 0.0
+def long_prompt(tag: str) -> dict[str, Any]:
+    """~4,700 tokens: each one's prefill stretches the decode steps of the replies there."""
+    return {"model": MODEL, "max_tokens": 4,
+            "messages": [{"role": "user", "content": f"{tag} " + "word " * 4000}]}
+
+
+async def test_past_the_tpot_slo_the_excess_is_refused_429_over_slo_and_never_sent_on(
+) -> None:
+    # 20 distinct long prompts at once: the predicted TPOT passes the SLO after some (7 of 20
+    # when written); the rest are refused at once.
+    async with slo_rig() as (gateway, sim, http):
+        answers = await asyncio.gather(*(post(http, gateway, long_prompt(str(i)))
+                                         for i in range(20)))
+        statuses = [status for status, _, _ in answers]
+        assert 200 in statuses and 429 in statuses, statuses
+        for status, body, headers in answers:
+            if status == 429:
+                assert body["error"]["code"] == "over_slo"
+                assert body["error"]["type"] == "rate_limit_error"
+                assert int(headers["Retry-After"]) >= 1
+            else:
+                assert status == 200
+
+        async def served() -> bool:
+            return (await sim_figures(http, sim))["finished"] == 1 + statuses.count(200)
+
+        await wait_for(served, "the simulator finished exactly the admitted requests")
+        assert (await sim_figures(http, sim))["running"] == 0.0
+
+
+async def test_past_the_tpot_slo_a_class_at_or_above_slo_exempt_priority_is_still_served(
+) -> None:
+    # The same burst of class 0, then class 1 (exempt): class 0 is shed, class 1 all served.
+    async with slo_rig(slo_exempt_priority=1) as (gateway, _, http):
+        free = [post(http, gateway, long_prompt(f"free {i}")) for i in range(20)]
+        paid = [post(http, gateway, long_prompt(f"paid {i}"), {"x-kvgate-priority": "1"})
+                for i in range(6)]
+        answers = await asyncio.gather(*free, *paid)
+        free_statuses = [status for status, _, _ in answers[:20]]
+        assert 429 in free_statuses, free_statuses
+        assert [status for status, _, _ in answers[20:]] == [200] * 6
 
 
 def admission_wait_ms(headers: Mapping[str, str]) -> float:

@@ -72,6 +72,7 @@ def test_defaults_without_file() -> None:
     assert settings.server.max_body_bytes == 32 * 1024 * 1024
     assert settings.routing.policy == "cost"
     assert (settings.routing.tpot_slo_s, settings.routing.slo_wait_s) == (0.05, 0.0)
+    assert settings.routing.slo_exempt_priority is None  # every class is gated
     assert settings.backends == ()
 
 
@@ -94,6 +95,8 @@ def test_settings_are_frozen() -> None:
                      id="empty poll group"),
         pytest.param("routing: {tpot_slo_s: 0}\n", "routing.tpot_slo_s", id="zero TPOT SLO"),
         pytest.param("routing: {slo_wait_s: -1}\n", "routing.slo_wait_s", id="negative SLO wait"),
+        pytest.param("routing: {slo_exempt_priority: high}\n", "routing.slo_exempt_priority",
+                     id="non-integer exempt priority"),
         pytest.param("routing: {full_scrape_interval_s: 0}\n",
                      "routing.full_scrape_interval_s", id="no full scrape interval"),
         pytest.param("backends: [{url: 'http://h', metrics_format: x}]\n",

@@ -458,6 +458,27 @@ def test_an_over_slo_refusals_retry_after_is_when_the_same_request_would_be_admi
     placed(d.submit(job("on time", f"{i} {huge}"), float(wait)))
 
 
+def test_a_class_at_or_above_slo_exempt_priority_is_served_past_the_slo_the_rest_refused(
+) -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000)), slo_exempt_priority=1)
+    _, out = flood(d)  # class 0: the SLO closes
+    assert isinstance(out, Rejection) and out.code == OVER_SLO
+    for i in range(3):
+        placed(d.submit(job(f"paid{i}", f"paid {i} {LONG}", priority=1 + i), 0.0))
+    late = d.submit(job("free", f"free {LONG}"), 0.0)
+    assert isinstance(late, Rejection) and late.code == OVER_SLO
+
+
+def test_an_exempt_class_overtakes_a_request_waiting_on_the_slo() -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000)), slo_wait_s=25.0, slo_exempt_priority=5)
+    _, out = flood(d)
+    waiting = queued(out)
+    paid = placed(d.submit(job("paid", f"paid {LONG}", priority=5), 0.1))
+    assert paid.job.request_id == "paid"
+    assert d.queue_depth == 1 and d.pump(0.2) == Pumped((), ())  # the class-0 one still waits
+    assert waiting.job.priority == 0
+
+
 def test_a_backend_is_not_gated_before_its_first_speed_reading() -> None:
     # Until a first token or a reply is measured, its speed is the slow-start guess: a burst at
     # start-up is not refused for a slowness nobody has seen.
