@@ -88,7 +88,8 @@ def create_app(
     )
     app[ROUTER] = build_router(
         routing.policy,
-        PolicyContext(rng=rng or random.Random(routing.seed), weights=routing.weights),
+        PolicyContext(rng=rng or random.Random(routing.seed), weights=routing.weights,
+                      offload_long_prompts=routing.offload_long_prompts),
     )
     app[GATE] = build_gate(routing, app[FLEET], app[ROUTER], clock)
     app.cleanup_ctx.append(gate_running)

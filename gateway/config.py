@@ -121,6 +121,11 @@ class RoutingSettings(_Section):
     tpot_slo_s: float | None = Field(default=0.05, gt=0)
     slo_wait_s: float = Field(default=0.0, ge=0)
     slo_exempt_priority: int | None = None
+    # cost: a prompt of over twice the recent median goes to a slower backend (a bare decode step
+    # 1.5x the fastest's) when one can give it its first token within 0.3 s and keep its replies
+    # within the TPOT target: the fast backends' decodes are spared the long prefills
+    # (routing/offload.py). false: long prompts go where the scores say, mostly the fastest.
+    offload_long_prompts: bool = True
     queue: QueueSettings = QueueSettings()
     priority_header: str = Field(default="x-kvgate-priority", min_length=1)  # integer class
     tenant_header: str = Field(default="x-kvgate-tenant", min_length=1)

@@ -88,6 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "(--slo-tpot), as the gateway does by default (default on)")
     a("--slo-wait", type=float, default=0.0, metavar="S",
       help="SLO admission: seconds a request may wait for a backend within the SLO (default 0)")
+    a("--offload", choices=("on", "off"), default="on",
+      help="cost: send prompts over twice the recent median to slower backends that can take "
+           "them within the SLOs, as the gateway does by default (routing/offload.py; default on)")
     a("--weights", action="append", default=[], metavar="POLICY:NAME=W[,NAME=W...]",
       help="override a policy's scorer weights (repeatable), e.g. cost:prefill_load=6,ttft=2")
     a("--prefix-groups", type=int, default=16, metavar="N",
@@ -221,7 +224,7 @@ def build_experiment(args: argparse.Namespace) -> Experiment:
             dispatch=DispatchConfig(
                 queue_timeout_s=args.queue_timeout, slo_wait_s=args.slo_wait,
                 tpot_slo_s=args.slo_tpot if args.slo_admission == "on" else None),
-            weights=weights)
+            weights=weights, offload_long_prompts=args.offload == "on")
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
 

@@ -7,8 +7,9 @@
 - power_of_two: two drawn at random, the one with fewer in flight (least_request 1).
 - kv_util: the Gateway API Inference Extension's default: queue 2, kv_cache 2, prefix 3.
 - prefix_hash: consistent hashing of the prefix with bounded load, 1.25 x mean (prefix_hash 1).
-- cost (the default): KV high-water filter; ttft 2, goodput 2, prefill_load 4.5, preemption 1,
-  prefix 0.3 (load-bounded), session 0.3.
+- cost (the default): KV high-water filter, then long prompts to slower backends
+  (routing/offload.py); ttft 2, goodput 2, prefill_load 4.5, preemption 1, prefix 0.3
+  (load-bounded), session 0.3.
 
 `cost` predicts, per backend, what the request would see there and what it would do to the
 requests already there (routing/ttft.py: a vLLM-like engine's step is the weights read, plus the
@@ -37,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
+from routing.offload import PrefillOffloadFilter
 from routing.policy import (
     Filter,
     HealthyFilter,
@@ -153,9 +155,10 @@ def _prefix_hash_policy(ctx: PolicyContext) -> Router:
 
 
 def _cost(ctx: PolicyContext) -> Router:
-    return _compose(
-        "cost", ctx, MaxScorePicker(ctx.rng), _SCORERS["cost"], filters=(HighWaterFilter(),)
-    )
+    filters: tuple[Filter, ...] = (HighWaterFilter(),)
+    if ctx.offload_long_prompts:
+        filters = (*filters, PrefillOffloadFilter())
+    return _compose("cost", ctx, MaxScorePicker(ctx.rng), _SCORERS["cost"], filters=filters)
 
 
 # The one registry of policies by name.

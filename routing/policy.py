@@ -178,6 +178,8 @@ class PolicyContext:
     # use is an error (routing/policies.py names each policy's scorers).
     weights: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     prefix_load_bound: float = 1.25  # bounded-load factor for prefix affinity and hashing
+    # cost: long prompts to slower backends within the SLOs (routing/offload.py).
+    offload_long_prompts: bool = True
     hash_prefix_blocks: int = 4  # prefix blocks that form prefix_hash's ring key
 
 

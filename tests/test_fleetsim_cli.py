@@ -66,6 +66,15 @@ def test_slo_admission_follows_the_tpot_slo_and_is_recorded(
         (0.05, 0.0), (0.04, 0.3), (None, 0.0)]
 
 
+def test_offload_is_on_by_default_switched_off_by_the_flag_and_recorded(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    configs = []
+    for extra in ([], ["--offload", "off"]):
+        assert kvgate([*SMALL, *extra, "--json", "-"]) == 0
+        configs.append(json.loads(capsys.readouterr().out)["config"])
+    assert [c["offload_long_prompts"] for c in configs] == [True, False]
+
+
 def test_the_table_names_every_policy_and_figure(capsys: pytest.CaptureFixture[str]) -> None:
     assert kvgate([*SMALL, "--arrival", "bursty", "--replicas", "2"]) == 0
     out = capsys.readouterr().out

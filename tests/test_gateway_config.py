@@ -73,6 +73,7 @@ def test_defaults_without_file() -> None:
     assert settings.routing.policy == "cost"
     assert (settings.routing.tpot_slo_s, settings.routing.slo_wait_s) == (0.05, 0.0)
     assert settings.routing.slo_exempt_priority is None  # every class is gated
+    assert settings.routing.offload_long_prompts
     assert settings.backends == ()
 
 

@@ -56,6 +56,7 @@ class Experiment:
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     # Scorer weights by policy (routing/policies.py names), overriding that policy's defaults.
     weights: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    offload_long_prompts: bool = True  # cost: long prompts to slower backends (routing/offload.py)
 
     def __post_init__(self) -> None:
         if (self.workload is None) == (self.trace is None):
@@ -122,6 +123,7 @@ class Report:
                 "tpot_slo_s": e.dispatch.tpot_slo_s,
                 "slo_wait_s": e.dispatch.slo_wait_s,
                 "weights": {policy: dict(w) for policy, w in e.weights.items()},
+                "offload_long_prompts": e.offload_long_prompts,
                 "contenders": [{"label": c.label, "policy": c.policy, "admission": c.admission}
                                for c in e.contenders],
             },
@@ -195,7 +197,8 @@ def run_one(experiment: Experiment, rate: float | None, seed: int, contender: Co
             scrape_interval_s=experiment.scrape_interval_s,
             max_snapshot_age_s=experiment.max_snapshot_age_s,
             replicas=experiment.replicas, seed=seed, dispatch=experiment.dispatch,
-            weights=experiment.weights.get(contender.policy, {}))
+            weights=experiment.weights.get(contender.policy, {}),
+            offload_long_prompts=experiment.offload_long_prompts)
         started = time.perf_counter()
         outcome = simulate(items, experiment.fleet, config, duration_s=window)
         wall = time.perf_counter() - started

@@ -62,6 +62,7 @@ class SimConfig:
     seed: int = 0
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)  # `admission` is overridden
     weights: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    offload_long_prompts: bool = True  # PolicyContext's switch (routing/offload.py)
     sample_interval_s: float = 0.5
 
     def __post_init__(self) -> None:
@@ -171,7 +172,9 @@ class _Run:
         self.replicas = []
         for r in range(config.replicas):
             rng = random.Random(f"kvgate-simulate:{config.seed}:{config.policy}:{r}")
-            router = build_router(config.policy, PolicyContext(rng=rng, weights=config.weights))
+            router = build_router(config.policy, PolicyContext(
+                rng=rng, weights=config.weights,
+                offload_long_prompts=config.offload_long_prompts))
             replica_fleet = Fleet(specs, max_snapshot_age=config.max_snapshot_age_s)
             self.replicas.append(_Replica(
                 r, replica_fleet, Dispatcher(replica_fleet, router, CostModel(),
