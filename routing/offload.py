@@ -34,6 +34,7 @@ goodput holds (51.4). Pure: values in, values out.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -96,25 +97,28 @@ class PrefillOffloadFilter:
             return kept
         predictions = ctx.predictions
         preds = []
+        work = fastest = math.inf
         for c in kept:
             pred = predictions.get(c.id)
             if pred is None:
                 return kept
             preds.append(pred)
-        work = min(p.own_prefill_s for p in preds)  # its prefill where it costs least
+            if pred.own_prefill_s < work:  # its prefill where it costs least
+                work = pred.own_prefill_s
+            if pred.tpot_idle_s < fastest:
+                fastest = pred.tpot_idle_s
         sizes = self._sizes.get(request.model)
         if sizes is None:
             sizes = self._sizes[request.model] = RecentSizes(self._window)
         long = len(sizes) >= self._min_seen and work > 0.0 and work >= self._ratio * sizes.median()
         sizes.add(work)
-        if not long:
+        slower = SLOWER_FACTOR * fastest
+        if not long or not slower > 0.0:
             return kept
-        slower = SLOWER_FACTOR * min(p.tpot_idle_s for p in preds)
-        if not slower > 0.0:
-            return kept
+        budget, target = self._ttft_budget, self._tpot_target
         offload = [
             c for c, p in zip(kept, preds, strict=True)
-            if p.tpot_idle_s >= slower and p.predicted_ttft_s <= self._ttft_budget
-            and p.tpot_others_s <= self._tpot_target and p.predicted_tpot_s <= self._tpot_target
+            if p.tpot_idle_s >= slower and p.predicted_ttft_s <= budget
+            and p.tpot_others_s <= target and p.predicted_tpot_s <= target
         ]
         return offload or kept
