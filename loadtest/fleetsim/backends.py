@@ -3,48 +3,32 @@
 A fleet is written as comma-separated `[Nx]PRESET` items, e.g.
 `4xllama-3-8b-h100,4xllama-3-8b-l40s` (four fast and four slow backends), or as a bare count `N`
 for N backends of the default preset.
-Presets are `kvgate sim`'s (`loadtest.sim.presets.PRESETS`) plus the same 8B model on slower GPUs
-defined here, so that mixed fleets serve one model: the gateway routes requests for a model among
-the backends that serve it, and a fleet simulation compares policies within one such pool.
+Presets are `kvgate sim`'s (`loadtest.sim.presets.PRESETS`), among them the same 8B model on
+slower GPUs, so that mixed fleets serve one model: the gateway routes requests for a model among
+the backends that serve it, and a fleet simulation compares policies within one such pool (the
+same fleet can be run live, one `kvgate sim --preset` each).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 
 from loadtest.sim.presets import (
     DEFAULT_PRESET,
-    L4,
-    L40S,
-    LLAMA_3_8B,
     PRESETS,
-    GpuSpec,
     Preset,
 )
 
-A100_SXM = GpuSpec("A100 SXM 80GB", hbm_bytes=80e9, bandwidth=2.039e12, flops=312e12)
-
-# The default preset's model on slower GPUs, for heterogeneous fleets.
-FLEET_PRESETS: Mapping[str, Preset] = MappingProxyType({
-    p.name: p
-    for p in (
-        Preset("llama-3-8b-a100", LLAMA_3_8B, A100_SXM),
-        Preset("llama-3-8b-l40s", LLAMA_3_8B, L40S),
-        Preset("llama-3-8b-l4", LLAMA_3_8B, L4),
-    )
-})
 MAX_BACKENDS = 256
 
 
 def preset_names() -> tuple[str, ...]:
-    return (*PRESETS, *(name for name in FLEET_PRESETS if name not in PRESETS))
+    return tuple(PRESETS)
 
 
 def find_preset(name: str) -> Preset:
-    """`kvgate sim`'s preset of that name, else one of FLEET_PRESETS; ValueError otherwise."""
-    preset = PRESETS.get(name) or FLEET_PRESETS.get(name)
+    """`kvgate sim`'s preset of that name; ValueError naming the known ones otherwise."""
+    preset = PRESETS.get(name)
     if preset is None:
         raise ValueError(f"unknown preset {name!r}; known: {', '.join(preset_names())}")
     return preset

@@ -175,6 +175,7 @@ def step_time(
 H100_SXM = GpuSpec("H100 SXM 80GB", hbm_bytes=80e9, bandwidth=3.35e12, flops=989e12)
 L40S = GpuSpec("L40S 48GB", hbm_bytes=48e9, bandwidth=864e9, flops=362e12)
 L4 = GpuSpec("L4 24GB", hbm_bytes=24e9, bandwidth=300e9, flops=121e12)
+A100_SXM = GpuSpec("A100 SXM 80GB", hbm_bytes=80e9, bandwidth=2.039e12, flops=312e12)
 
 LLAMA_3_8B = ModelSpec("llama-3-8b", num_params=8.03e9, num_layers=32, num_attention_heads=32,
                        num_kv_heads=8, head_dim=128)
@@ -192,6 +193,10 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
     p.name: p
     for p in (
         Preset("llama-3-8b-h100", LLAMA_3_8B, H100_SXM),
+        # The same model on slower GPUs, for heterogeneous fleets (one model, mixed speeds).
+        Preset("llama-3-8b-a100", LLAMA_3_8B, A100_SXM),
+        Preset("llama-3-8b-l40s", LLAMA_3_8B, L40S),
+        Preset("llama-3-8b-l4", LLAMA_3_8B, L4),
         # Memory utilization 1.0 gives the classic back-of-envelope: 160 GB - 141 GB of weights.
         Preset("llama-3-70b-2xh100", LLAMA_3_70B, H100_SXM, num_gpus=2,
                gpu_memory_utilization=1.0),
