@@ -279,16 +279,20 @@ def job_of(request: web.Request, body: Mapping[str, Any], *, model: str, request
 
 
 def completion_of(usage: Mapping[str, Any] | None, *, dispatched_at: float,
-                  first_token_at: float | None, ended_at: float) -> Completion:
-    """What a finished request teaches the cost model and the backend's profile."""
+                  first_token_at: float | None, ended_at: float,
+                  text_events: int = 0) -> Completion:
+    """What a finished request teaches the cost model and the backend's profile. A stream
+    without usage (a backend that ignores `stream_options`) is timed over its `text_events`,
+    one token each; the cost model learns output lengths only from usage."""
     prompt = usage.get("prompt_tokens") if usage else None
     output = usage.get("completion_tokens") if usage else None
     prompt = prompt if isinstance(prompt, int) else None
     output = output if isinstance(output, int) else None
     ttft = None if first_token_at is None else first_token_at - dispatched_at
     tpot = None
-    if first_token_at is not None and output is not None and output > 1:
-        tpot = (ended_at - first_token_at) / (output - 1)
+    tokens = output if output is not None else text_events
+    if first_token_at is not None and tokens > 1:
+        tpot = (ended_at - first_token_at) / (tokens - 1)
     return Completion(prompt_tokens=prompt, completion_tokens=output, ttft_s=ttft, tpot_s=tpot)
 
 

@@ -62,6 +62,10 @@ class ServerSettings(_Section):
     max_upstream_connections: int = Field(default=8192, ge=0)
     discovery_timeout_s: float = Field(default=5.0, gt=0)  # GET /v1/models at start-up
     shutdown_timeout_s: float = Field(default=10.0, ge=0)
+    # Ask backends for usage on every stream (`stream_options.include_usage`), dropping the usage
+    # event from streams whose client did not ask: output lengths and each backend's speed are
+    # learned from it. Off for a server that refuses the field; streams are then timed per event.
+    stream_usage: bool = True
 
 
 class BackendSettings(_Section):

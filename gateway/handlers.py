@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.admission import job_of
+from gateway.admission import GATE, job_of
 from gateway.errors import BodyTooLarge, ModelNotFound
 from gateway.keys import (
     ARRIVED_AT,
@@ -60,9 +60,16 @@ async def _complete(
     observation = request[OBSERVATION]
     note_request(observation, body.model, body.stream, data)
     model = app[SETTINGS].model_aliases.get(body.model, body.model)
+    # The client's bytes go upstream unchanged unless the model is an alias or a stream's usage
+    # must be asked for: the gateway learns each backend's speed from its streams' token counts.
+    strip_usage = body.stream and not body.include_usage and app[SETTINGS].server.stream_usage
+    if strip_usage:
+        options = data.get("stream_options")
+        data["stream_options"] = {**(options if isinstance(options, dict) else {}),
+                                  "include_usage": True}
     if model != body.model:
-        # The only case in which the client's bytes are re-encoded.
         data["model"] = model
+    if strip_usage or model != body.model:
         raw = orjson.dumps(data)
     fleet = app[FLEET]
     if not any(model in fleet.models_of(spec.id) for spec in fleet.specs):
@@ -83,6 +90,7 @@ async def _complete(
         arrived_at=request[ARRIVED_AT],
         timing=observation.timing,
         trace=observation.trace,
+        strip_usage=strip_usage,
     )
     return await app[PROXY].forward(request, call)
 
@@ -107,7 +115,13 @@ async def ready(request: web.Request) -> web.Response:
 
 async def admin_backends(request: web.Request) -> web.Response:
     app = request.app
-    return _json({"backends": app[FLEET].admin_rows(app[CLOCK]())})
+    rows = app[FLEET].admin_rows(app[CLOCK]())
+    dispatcher = app[GATE].dispatcher
+    for row in rows:
+        scale, replies = dispatcher.learned_speed(str(row["id"]))
+        row["speed_scale"] = None if scale is None else round(scale, 3)
+        row["speed_replies"] = replies
+    return _json({"backends": rows})
 
 
 def _json(payload: dict[str, Any], *, status: int = 200) -> web.Response:

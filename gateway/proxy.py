@@ -71,7 +71,7 @@ class UpstreamCall:
     """One client request, ready to send to any backend that serves `model`."""
 
     path: str  # "/v1/chat/completions" or "/v1/completions"
-    body: bytes  # the client's bytes, or re-encoded with the alias resolved
+    body: bytes  # the client's bytes, or re-encoded (alias resolved, stream usage asked for)
     model: str  # the real model name (aliases resolved)
     stream: bool
     job: Job  # what admission and routing decide on
@@ -82,6 +82,9 @@ class UpstreamCall:
     # trace headers to every upstream call.
     timing: RequestTiming
     trace: RequestTrace = NOOP_TRACE
+    # The gateway added `stream_options.include_usage` the client did not ask for: the usage-only
+    # event is dropped from the relayed stream (gateway/sse.py).
+    strip_usage: bool = False
     routed: Routed = field(default_factory=Routed)  # the proxy's record of admission and route
 
 
@@ -198,7 +201,8 @@ class Proxy:
         """One try on the dispatched backend. The dispatch holds its ledger lease until this
         returns, on every path; a complete answer's usage and timing go back to the Dispatcher."""
         observer = StreamObserver(
-            self._clock, lambda at: self._gate.first_token(dispatch, at)
+            self._clock, lambda at: self._gate.first_token(dispatch, at),
+            strip_usage=call.strip_usage,
         ) if call.stream else None
         decision, attempt = dispatch.decision, dispatch.attempt
         completion: Completion | None = None
@@ -210,7 +214,8 @@ class Proxy:
                 completion = completion_of(
                     usage, dispatched_at=dispatch.dispatched_at,
                     first_token_at=observer.first_token_at if observer is not None else None,
-                    ended_at=self._clock())
+                    ended_at=self._clock(),
+                    text_events=observer.text_events if observer is not None else 0)
             return result
         except asyncio.CancelledError:  # the client hung up (handler cancellation)
             self._finish(call, decision, CLIENT_CLOSED, attempt, observer, "client gone", True)

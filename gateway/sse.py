@@ -3,9 +3,15 @@
 `StreamObserver.feed(chunk)` is on the per-chunk hot path. It returns the bytes to send on: the
 chunk itself in the common case (no copy, no JSON parsing), cut back to its last complete line so
 that every line leaves the gateway whole. Those lines are scanned with `bytes.find` for the few
-facts the gateway needs: the first non-empty `"content":"` / `"text":"` value (time to first token),
-`finish_reason`, the `usage` object and `[DONE]`. JSON is parsed only for a line carrying a usage
-object or an error; an error event in vLLM's legacy shape is rewritten into OpenAI's.
+facts the gateway needs: the non-empty `"content":"` / `"text":"` values (the first one is the time
+to first token; their count stands in for the output tokens when no usage comes), `finish_reason`,
+the `usage` object and `[DONE]`. JSON is parsed only for a line carrying a usage object or an
+error; an error event in vLLM's legacy shape is rewritten into OpenAI's.
+
+Usage on a stream comes only with `stream_options.include_usage`. The gateway asks for it on every
+stream (gateway/handlers.py) because it learns each backend's speed from the time per output token;
+when the client did not ask, `strip_usage` drops the usage-only event (`"choices":[]`) from what
+is relayed, so the client gets the stream it asked for.
 """
 
 from __future__ import annotations
@@ -39,15 +45,20 @@ def error_event(
 class StreamObserver:
     """Relays one SSE stream and remembers what the gateway must know about it."""
 
-    __slots__ = ("_carry", "_clock", "_on_first_token", "first_token_at", "finish_reason",
-                 "usage", "error", "done")
+    __slots__ = ("_carry", "_clock", "_on_first_token", "_strip_usage", "_blank_owed",
+                 "first_token_at",
+                 "text_events", "finish_reason", "usage", "error", "done")
 
     def __init__(self, clock: Callable[[], float],
-                 on_first_token: Callable[[float], None] | None = None) -> None:
+                 on_first_token: Callable[[float], None] | None = None, *,
+                 strip_usage: bool = False) -> None:
         self._carry = b""
         self._clock = clock
         self._on_first_token = on_first_token  # called once, with first_token_at
+        self._strip_usage = strip_usage  # drop usage-only events (the client did not ask)
+        self._blank_owed = False  # a dropped event's closing blank line is still to come
         self.first_token_at: float | None = None  # clock() when the first text token arrived
+        self.text_events = 0  # events carrying generated text: one token each on vLLM's defaults
         self.finish_reason: str | None = None  # the last non-null finish_reason seen
         self.usage: dict[str, Any] | None = None  # the usage object, if the stream carried one
         self.error: dict[str, Any] | None = None  # the backend's error event, normalised
@@ -65,16 +76,25 @@ class StreamObserver:
         if end != len(chunk):
             self._carry = chunk[end:]
             chunk = chunk[:end]
-        if self.first_token_at is None and _has_text(chunk):
-            self.first_token_at = self._clock()
-            if self._on_first_token is not None:
-                self._on_first_token(self.first_token_at)
+        if self._blank_owed:
+            self._blank_owed = False
+            if chunk.startswith(b"\n") or chunk.startswith(b"\r\n"):
+                chunk = chunk[chunk.find(b"\n") + 1:]
+                if not chunk:
+                    return b""
+        texts = _count_text(chunk)
+        if texts:
+            self.text_events += texts
+            if self.first_token_at is None:
+                self.first_token_at = self._clock()
+                if self._on_first_token is not None:
+                    self._on_first_token(self.first_token_at)
         for key in _FINISH_KEYS:
             if key in chunk:
                 self._read_finish_reason(chunk, key)
         for key in _USAGE_KEYS:
             if key in chunk:
-                self._read_usage(chunk, chunk.find(key))
+                chunk = self._take_usage(chunk, key)
         if _ERROR_KEY in chunk:
             chunk = self._rewrite_errors(chunk)
         if _DONE in chunk:
@@ -102,10 +122,28 @@ class StreamObserver:
             self.finish_reason = chunk[value_start:value_end].decode("utf-8", "replace")
             start = chunk.find(key, value_end)
 
-    def _read_usage(self, chunk: bytes, at: int) -> None:
-        payload = _line_json(chunk, at)
-        if isinstance(payload, dict) and isinstance(payload.get("usage"), dict):
-            self.usage = payload["usage"]
+    def _take_usage(self, chunk: bytes, key: bytes) -> bytes:
+        """Remember the usage object of every line carrying `key`; with `strip_usage`, the
+        chunk without its usage-only events (each line and the blank line ending its event)."""
+        at = chunk.find(key)
+        while at >= 0:
+            start = chunk.rfind(b"\n", 0, at) + 1
+            end = chunk.find(b"\n", at)
+            end = len(chunk) if end < 0 else end + 1
+            payload = _data_json(chunk[start:end])
+            if isinstance(payload, dict) and isinstance(payload.get("usage"), dict):
+                self.usage = payload["usage"]
+                if self._strip_usage and not payload.get("choices"):
+                    if chunk.startswith(b"\r\n", end):
+                        end += 2
+                    elif chunk.startswith(b"\n", end):
+                        end += 1
+                    else:
+                        self._blank_owed = end == len(chunk)
+                    chunk = chunk[:start] + chunk[end:]
+                    end = start
+            at = chunk.find(key, end)
+        return chunk
 
     def _rewrite_errors(self, chunk: bytes) -> bytes:
         lines = chunk.split(b"\n")
@@ -127,22 +165,22 @@ class StreamObserver:
         return b"\n".join(lines) if changed else chunk
 
 
-def _has_text(chunk: bytes) -> bool:
+def _count_text(chunk: bytes) -> int:
+    """How many non-empty generated-text values the chunk carries."""
+    count = 0
     for key in _TEXT_KEYS:
         at = chunk.find(key)
         while at >= 0:
             value = at + len(key)
             if value < len(chunk) and chunk[value] != _QUOTE:
-                return True
+                count += 1
             at = chunk.find(key, value)
-    return False
+    return count
 
 
-def _line_json(chunk: bytes, at: int) -> object:
-    """The JSON payload of the `data:` line containing offset `at`, or None."""
-    start = chunk.rfind(b"\n", 0, at) + 1
-    end = chunk.find(b"\n", at)
-    line = chunk[start : end if end >= 0 else len(chunk)].strip()
+def _data_json(line: bytes) -> object:
+    """The JSON payload of one `data:` line, or None."""
+    line = line.strip()
     if not line.startswith(b"data:"):
         return None
     try:

@@ -3,10 +3,11 @@
     python -m loadtest.proxy_bench [--requests 300] [--chunks 100] [--concurrency 1]
 
 The same streamed chat requests go straight to a fast upstream (it writes `--chunks` SSE content
-events, then finish, usage and [DONE], as fast as it can) and then through the gateway. Upstream,
-gateway and client share this process and one uvloop loop, so the difference between the two runs
-is the gateway's own CPU time: per request and per relayed chunk. Loopback only; the run is
-bounded by --requests.
+events, then finish, usage if asked for, and [DONE], as fast as it can) and then through the
+gateway. Upstream, gateway and client share this process and one uvloop loop, so the difference
+between the two runs is the gateway's own CPU time: per request and per relayed chunk. The client
+does not ask for usage, so the gateway's run includes asking the upstream for it and dropping the
+usage event. Loopback only; the run is bounded by --requests.
 """
 
 from __future__ import annotations
@@ -53,11 +54,14 @@ def _stream(chunks: int) -> list[bytes]:
 
 
 async def _upstream(events: Sequence[bytes]) -> tuple[web.AppRunner, str]:
+    """As vLLM does, the usage event is sent only when `stream_options.include_usage` asks."""
+    events_without_usage = [e for e in events if b'"usage"' not in e]
+
     async def complete(request: web.Request) -> web.StreamResponse:
-        await request.read()
+        options = orjson.loads(await request.read()).get("stream_options") or {}
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for event in events:
+        for event in events if options.get("include_usage") else events_without_usage:
             await response.write(event)
         await response.write_eof()
         return response
@@ -104,7 +108,8 @@ def _drop(outcome: Outcome) -> None:
 
 async def bench(requests: int, chunks: int, concurrency: int) -> None:
     events = _stream(chunks)
-    expected = sum(len(e) for e in events)
+    # The client does not ask for usage; the gateway does, and drops the usage event it relays.
+    expected = sum(len(e) for e in events if b'"usage"' not in e)
     runner, upstream = await _upstream(events)
     try:
         settings = Settings.model_validate({

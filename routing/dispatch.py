@@ -360,6 +360,15 @@ class Dispatcher:
     def profile(self, backend_id: str) -> BackendProfile:
         return self._estimator(backend_id).profile()
 
+    def learned_speed(self, backend_id: str) -> tuple[float | None, int]:
+        """The backend's learned speed as a scale on the reference profile's step times (above 1
+        slower; None until a first token or a reply has been measured: the slow-start guess is
+        not a measurement), and how many replies' TPOTs it has learned from."""
+        estimator = self._profiles.get(backend_id)
+        if estimator is None or not estimator.calibrated:
+            return None, 0
+        return estimator.scale, estimator.replies
+
     # Internals.
 
     def _queue(self, model: str) -> AdmissionQueue[Waiting]:

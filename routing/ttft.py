@@ -475,6 +475,11 @@ class ProfileEstimator:
         return self._readings > 0
 
     @property
+    def replies(self) -> int:
+        """Replies whose TPOT has been learned from."""
+        return self._tpots
+
+    @property
     def scale(self) -> float:
         return min(100.0, max(0.01, math.exp(self._log_sum / self._weight)))
 

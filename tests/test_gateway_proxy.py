@@ -37,6 +37,8 @@ USAGE = (b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,
          b'"total_tokens":8}}\n\n')
 GOOD_STREAM = [chunk(""), chunk("Hello"), chunk(" there"), chunk("!", "stop"), USAGE,
                b"data: [DONE]\n\n"]
+# What a client that did not ask for usage gets: the same stream without the usage event.
+STREAM_WITHOUT_USAGE = b"".join(e for e in GOOD_STREAM if e is not USAGE)
 GOOD_JSON = {"object": "chat.completion", "model": MODEL, "choices": [
     {"index": 0, "message": {"role": "assistant", "content": "Hello there!"},
      "finish_reason": "stop"}], "usage": {"prompt_tokens": 5, "completion_tokens": 3,
@@ -52,6 +54,7 @@ class Upstream:
         self.status = 200
         self.error_body = b""
         self.calls = 0
+        self.bodies: list[dict[str, Any]] = []  # the completion requests received
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -90,6 +93,7 @@ class Upstream:
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         self.calls += 1
         body = orjson.loads(await request.read())
+        self.bodies.append(body)
         transport = request.transport
         assert transport is not None
         if self.mode == "reset_before_headers":
@@ -105,6 +109,8 @@ class Upstream:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         events = GOOD_STREAM[:2] if self.mode in ("die_mid_stream", "end_early") else GOOD_STREAM
+        if not (body.get("stream_options") or {}).get("include_usage"):  # as vLLM does
+            events = [e for e in events if e is not USAGE]
         for event in events:
             await response.write(event)
         if self.mode == "die_mid_stream":
@@ -194,7 +200,7 @@ async def test_a_failure_before_the_first_byte_is_retried_on_another_backend(
             assert status == 200
             assert headers["x-kvgate-backend"] == "u1"
             if stream:
-                assert body == b"".join(GOOD_STREAM)
+                assert body == STREAM_WITHOUT_USAGE
             else:
                 assert orjson.loads(body) == GOOD_JSON
         assert good.calls == len(outcomes)
@@ -278,7 +284,8 @@ async def test_a_silent_backend_times_out_with_504_and_is_not_retried() -> None:
 async def test_streamed_bytes_reach_the_client_unchanged_and_the_facts_are_recorded() -> None:
     outcomes: list[Outcome] = []
     async with gateway_over(1, on_done=outcomes.append) as (url, _, client):
-        status, body, headers = await post(client, url, chat(True))
+        asked = chat(True) | {"stream_options": {"include_usage": True}}
+        status, body, headers = await post(client, url, asked)
         assert status == 200
         assert body == b"".join(GOOD_STREAM)
         assert headers["Content-Type"].startswith("text/event-stream")
@@ -289,6 +296,35 @@ async def test_streamed_bytes_reach_the_client_unchanged_and_the_facts_are_recor
     assert outcome.finish_reason == "stop" and outcome.error is None
     assert outcome.usage == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
     assert outcome.ttft_s is not None and 0 <= outcome.ttft_s <= outcome.duration_s
+
+
+async def test_a_stream_whose_client_did_not_ask_for_usage_is_relayed_without_it() -> None:
+    """The gateway asks the backend for usage (it learns speeds from token counts) and drops the
+    usage event, keeping whatever else the client put in stream_options."""
+    outcomes: list[Outcome] = []
+    async with gateway_over(1, on_done=outcomes.append) as (url, (upstream,), client):
+        status, body, _ = await post(
+            client, url, chat(True) | {"stream_options": {"continuous_usage_stats": False}})
+        assert status == 200
+        assert body == STREAM_WITHOUT_USAGE
+        assert upstream.bodies[0]["stream_options"] == {"continuous_usage_stats": False,
+                                                        "include_usage": True}
+        await inflight_returns_to_zero(client, url)
+    (outcome,) = outcomes
+    assert outcome.usage == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+
+
+async def test_with_stream_usage_off_the_client_bytes_go_upstream_unchanged() -> None:
+    outcomes: list[Outcome] = []
+    async with gateway_over(1, on_done=outcomes.append, stream_usage=False) as (
+            url, (upstream,), client):
+        status, body, _ = await post(client, url, chat(True))
+        assert status == 200
+        assert body == STREAM_WITHOUT_USAGE
+        assert upstream.bodies == [chat(True)]
+        await inflight_returns_to_zero(client, url)
+    (outcome,) = outcomes
+    assert outcome.usage is None
 
 
 async def test_a_mid_stream_failure_is_recorded_as_an_error() -> None:

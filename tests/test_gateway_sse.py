@@ -8,6 +8,7 @@ import itertools
 import orjson
 import pytest
 
+from gateway.admission import completion_of
 from gateway.sse import DONE_EVENT, StreamObserver, error_event
 from tests.paths import FIXTURES
 
@@ -26,8 +27,9 @@ class Ticks:
         return float(next(self.counter))
 
 
-def relay(data: bytes, piece: int) -> tuple[bytes, StreamObserver, list[bytes]]:
-    observer = StreamObserver(Ticks())
+def relay(data: bytes, piece: int, *, strip_usage: bool = False
+          ) -> tuple[bytes, StreamObserver, list[bytes]]:
+    observer = StreamObserver(Ticks(), strip_usage=strip_usage)
     outputs = [observer.feed(data[i : i + piece]) for i in range(0, len(data), piece)]
     outputs.append(observer.finish())
     return b"".join(outputs), observer, outputs
@@ -46,6 +48,52 @@ def test_stream_bytes_pass_through_unchanged_however_they_are_split(piece: int) 
     assert observer.usage == {"prompt_tokens": 21, "total_tokens": 28, "completion_tokens": 7}
     assert observer.done and observer.complete
     assert observer.error is None
+
+
+@pytest.mark.parametrize("piece", SPLITS)
+def test_the_usage_event_the_client_did_not_ask_for_is_dropped_and_still_read(piece: int) -> None:
+    data = fixture("vllm-chat-stream.sse")
+    events = data.split(b"\n\n")
+    usage_event = next(e for e in events if b'"usage"' in e)
+    out, observer, _ = relay(data, piece, strip_usage=True)
+    assert out == data.replace(usage_event + b"\n\n", b"")
+    assert observer.usage == {"prompt_tokens": 21, "total_tokens": 28, "completion_tokens": 7}
+    assert observer.done and observer.finish_reason == "stop"
+
+
+def test_usage_riding_on_a_chunk_with_choices_is_not_dropped() -> None:
+    line = b'data: {"choices":[{"delta":{"content":"Hi"}}],"usage":{"completion_tokens":1}}\n\n'
+    observer = StreamObserver(Ticks(), strip_usage=True)
+    assert observer.feed(line) == line
+    assert observer.usage == {"completion_tokens": 1}
+
+
+def test_usage_events_are_dropped_with_crlf_line_ends() -> None:
+    usage = b'data: {"choices":[],"usage":{"completion_tokens":2}}\r\n\r\n'
+    observer = StreamObserver(Ticks(), strip_usage=True)
+    assert observer.feed(b'data: {"choices":[{"text":"a"}]}\r\n\r\n' + usage
+                         + b"data: [DONE]\r\n\r\n") == (
+        b'data: {"choices":[{"text":"a"}]}\r\n\r\ndata: [DONE]\r\n\r\n')
+    assert observer.usage == {"completion_tokens": 2}
+
+
+@pytest.mark.parametrize("piece", SPLITS)
+def test_each_text_event_is_counted_once_and_matches_vllms_token_count(piece: int) -> None:
+    _, observer, _ = relay(fixture("vllm-chat-stream.sse"), piece)
+    assert observer.usage is not None
+    assert observer.text_events == observer.usage["completion_tokens"] == 7
+
+
+def test_a_stream_without_usage_is_timed_over_its_text_events() -> None:
+    timed = completion_of(None, dispatched_at=0.0, first_token_at=1.0, ended_at=4.0,
+                          text_events=7)
+    assert timed.tpot_s == pytest.approx(0.5)
+    assert timed.completion_tokens is None  # output lengths are learned only from usage
+    reported = completion_of({"completion_tokens": 4}, dispatched_at=0.0, first_token_at=1.0,
+                             ended_at=4.0, text_events=7)
+    assert reported.tpot_s == pytest.approx(1.0)
+    assert completion_of(None, dispatched_at=0.0, first_token_at=1.0, ended_at=4.0,
+                         text_events=1).tpot_s is None
 
 
 @pytest.mark.parametrize("piece", SPLITS)
