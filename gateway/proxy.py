@@ -18,6 +18,7 @@ Rules it keeps (DESIGN.md, issue 3):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -208,7 +209,9 @@ class Proxy:
         completion: Completion | None = None
         try:
             result = await self._exchange(request, call, decision, attempt, observer)
-            if not isinstance(result, _Retry) and result.status == 200:
+            # Only a whole answer teaches: a cut stream's last gap is the failure, not a token.
+            if not isinstance(result, _Retry) and result.status == 200 and (
+                    observer is None or observer.complete):
                 usage = observer.usage if observer is not None else body_usage(
                     result.body if isinstance(result, web.Response) else None)
                 completion = completion_of(
@@ -381,6 +384,18 @@ class Proxy:
         except ConnectionResetError:
             # The client went away while we wrote; the caller closes the upstream connection.
             self._finish(call, decision, CLIENT_CLOSED, attempt, observer, "client gone", True)
+            return response
+        except Exception as exc:
+            # A fault of the gateway's own once the stream has started: the status line is gone,
+            # so the stream ends with an error event (a second response would corrupt it).
+            log.exception("internal error relaying a stream from %s", backend_id)
+            failure = f"internal error: {type(exc).__name__}"
+            with contextlib.suppress(Exception):
+                await response.write(error_event(failure, type_="server_error",
+                                                 code="internal_error"))
+                await response.write(DONE_EVENT)
+                await response.write_eof()
+            self._finish(call, decision, 500, attempt, observer, failure)
             return response
         error = failure or (observer.error or {}).get("message")
         self._finish(call, decision, 200, attempt, observer, error)

@@ -17,9 +17,11 @@ import orjson
 import pytest
 from aiohttp import web
 
+import gateway.proxy
 from gateway.config import Settings
 from gateway.proxy import Outcome, log_outcome
 from gateway.serve import running_gateway
+from gateway.sse import StreamObserver
 from tests.paths import FIXTURES
 
 MODEL = "m"
@@ -243,6 +245,34 @@ async def test_a_backend_4xx_passes_through_normalised_and_is_never_retried(stre
         assert sum(u.calls for u in upstreams) == 1
         assert headers["x-kvgate-backend"] in ("u0", "u1")
         await inflight_returns_to_zero(client, url)
+
+
+class FaultyObserver(StreamObserver):
+    """A bug of the gateway's own: reading the chunk that finishes the reply raises."""
+
+    def feed(self, chunk: bytes) -> bytes:
+        if b'"finish_reason":"stop"' in chunk:
+            raise RuntimeError("a bug")
+        return super().feed(chunk)
+
+
+async def test_a_fault_of_the_gateway_mid_stream_ends_the_stream_with_an_error_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not a second response written into the started one (the client would see a corrupt
+    chunked body); the request is recorded as a 500 and its lease released."""
+    monkeypatch.setattr(gateway.proxy, "StreamObserver", FaultyObserver)
+    outcomes: list[Outcome] = []
+    async with gateway_over(1, on_done=outcomes.append) as (url, _, client):
+        status, body, _ = await post(client, url, chat(True))
+        assert status == 200
+        events = events_of(body)
+        assert events[-1] == b"[DONE]"
+        error = orjson.loads(events[-2])["error"]
+        assert error["code"] == "internal_error" and "RuntimeError" in error["message"]
+        await inflight_returns_to_zero(client, url)
+    (outcome,) = outcomes
+    assert outcome.status == 500
 
 
 async def test_a_backend_dying_mid_stream_ends_the_stream_with_an_error_event_and_done() -> None:
