@@ -52,6 +52,8 @@ class RouteContext:
     pool_size: int = 0
     queue_min: float = 0.0  # the pool's range of queue depths
     queue_max: float = 0.0
+    # Replies each backend's speed has been learned from (absent: none; routing/probe.py).
+    measured: Mapping[str, int] = field(default_factory=lambda: _EMPTY_COUNTS)
 
 
 def is_admissible(prediction: Prediction, max_risk: float = DEFAULT_MAX_RISK) -> bool:
@@ -98,6 +100,7 @@ def build_context(
     matched_blocks: Mapping[str, int] = _EMPTY_COUNTS,
     session_backend: str | None = None,
     max_risk: float = DEFAULT_MAX_RISK,
+    measured: Mapping[str, int] = _EMPTY_COUNTS,
 ) -> RouteContext:
     """The context for routing `cost`'s request among `pool`. `predictions` may cover more
     backends than the pool; only the pool's count towards the fleet-wide figures."""
@@ -131,4 +134,5 @@ def build_context(
         pool_size=len(pool),
         queue_min=0.0 if not pool else queue_min,
         queue_max=0.0 if not pool else queue_max,
+        measured=measured,
     )

@@ -385,6 +385,12 @@ class Dispatcher:
             estimator = self._profiles[backend_id] = ProfileEstimator(self._prior)
         return estimator
 
+    def _measured(self, pool: Sequence[Candidate]) -> dict[str, int]:
+        """Replies each pool backend's speed has been learned from."""
+        profiles = self._profiles
+        return {c.spec.id: e.replies for c in pool
+                if (e := profiles.get(c.spec.id)) is not None}
+
     def _work_of(self, backend_id: str) -> BackendWork:
         work = self._work.get(backend_id)
         if work is None:
@@ -460,7 +466,7 @@ class Dispatcher:
         ctx: RouteContext = build_context(
             survey.pool, cost, predictions=survey.predictions, chain=chain,
             matched_blocks=survey.matched, session_backend=self._session_backend(job.session),
-            max_risk=self.config.max_preemption_risk)
+            max_risk=self.config.max_preemption_risk, measured=self._measured(survey.pool))
         request = RouteRequest(model=job.model, prompt_tokens=cost.prompt_tokens,
                                max_tokens=job.max_tokens, stream=job.stream, context=ctx)
         try:

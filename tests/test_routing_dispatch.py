@@ -363,6 +363,33 @@ def test_first_tokens_show_a_backends_speed_long_before_its_replies_end() -> Non
     assert placed(d.submit(job("next"), 10.0)).backend_id == "b"
 
 
+def test_a_backend_read_too_slow_at_a_cold_start_is_measured_again_while_idle() -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000), b=(100_000, 100_000)))
+    fast = Completion(completion_tokens=100, ttft_s=0.02, tpot_s=0.008)
+
+    def streamed(name: str) -> Job:
+        return Job(name, "m", SHORT, max_tokens=64, stream=True)
+
+    # A cold start: one request each; b's first token comes a second late (a connection, a
+    # queue), 20x and more its prediction, though its reply is as fast as a's.
+    one, other = placed(d.submit(streamed("r0"), 0.0)), placed(d.submit(streamed("r1"), 0.0))
+    assert {one.backend_id, other.backend_id} == {"a", "b"}
+    for out in (one, other):
+        d.first_token(out, 1.0 if out.backend_id == "b" else 0.02)
+        d.finish(out, 1.5, fast)
+    slow_read = d.learned_speed("b")[0]
+    assert slow_read is not None and slow_read > 3 * (d.learned_speed("a")[0] or 0.0)
+    # Every later request finds both idle; b is measured until its replies have shown its speed.
+    for i in range(20):
+        out = placed(d.submit(streamed(f"s{i}"), 2.0 + i))
+        d.first_token(out, 2.0 + i + 0.02)
+        d.finish(out, 2.5 + i, fast)
+    assert d.learned_speed("b")[1] >= 8
+    scale_a, scale_b = d.learned_speed("a")[0], d.learned_speed("b")[0]
+    assert scale_a is not None and scale_b is not None
+    assert scale_b == pytest.approx(scale_a, rel=0.3)
+
+
 def test_a_first_token_after_the_attempt_finished_teaches_nothing() -> None:
     d = dispatcher(make_fleet(a=(100_000, 100_000)))
     out = placed(d.submit(job("r"), 0.0))

@@ -1,0 +1,107 @@
+"""Measuring a backend the gateway knows too little about (routing/probe.py): while a backend's
+speed rests on fewer than BOOTSTRAP_TPOTS replies, an idle one gets the next streamed request
+that it would still serve soon; busy, measured or cold-start fleets are left alone."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from routing.context import RouteContext
+from routing.cost import RequestCost
+from routing.policy import RouteRequest
+from routing.probe import DEFAULT_MAX_PROBES, SpeedProbeFilter
+from routing.state import BackendSpec, Candidate
+from routing.ttft import BOOTSTRAP_TPOTS, Prediction
+
+
+def cost() -> RequestCost:
+    return RequestCost(
+        model="m", prompt_chars=400, prompt_tokens=100, exact=False, tokens_per_char=0.25,
+        max_tokens=None, output_p50=100, output_p90=100, output_mean=100.0, output_var=0.0,
+        typical_prompt_tokens=100.0, mean_output_all=100.0, inflight_growth_mean=0.0,
+        inflight_growth_var=0.0)
+
+
+def cand(backend_id: str, inflight: int = 0) -> Candidate:
+    spec = BackendSpec(backend_id, f"http://127.0.0.1/{backend_id}", ("m",))
+    return Candidate(spec, True, None, True, inflight, 0)
+
+
+def pred(ttft_s: float = 0.05) -> Prediction:
+    return Prediction(0.0, 0.01, 0.0, 0.0, ttft_s, 0.0, True, False, 100, 0, 0, "x")
+
+
+def request(measured: Mapping[str, int], *, stream: bool = True,
+            ttft_s: Mapping[str, float] | None = None) -> RouteRequest:
+    ttft_s = ttft_s or {}
+    predictions = {b: pred(ttft_s.get(b, 0.05)) for b in ("h1", "h2", "l1", "l2")}
+    return RouteRequest("m", stream=stream, context=RouteContext(
+        cost=cost(), predictions=predictions, measured=measured))
+
+
+MEASURED = {"h1": 40, "h2": 40, "l1": 3, "l2": 5}
+
+
+def ids(candidates: list[Candidate]) -> list[str]:
+    return [c.id for c in candidates]
+
+
+def test_an_idle_under_measured_backend_gets_the_request() -> None:
+    pool = [cand("h1", 3), cand("h2", 2), cand("l1"), cand("l2", 1)]
+    assert ids(SpeedProbeFilter().filter(request(MEASURED), pool)) == ["l1"]
+
+
+def test_the_backend_measured_least_is_probed_first() -> None:
+    pool = [cand("h1"), cand("h2"), cand("l1"), cand("l2")]
+    assert ids(SpeedProbeFilter().filter(request(MEASURED), pool)) == ["l1"]
+    assert ids(SpeedProbeFilter().filter(request(MEASURED | {"l1": 6}), pool)) == ["l2"]
+
+
+def test_a_backend_with_a_request_in_flight_is_not_probed() -> None:
+    pool = [cand("h1"), cand("h2"), cand("l1", 1), cand("l2", 1)]
+    assert SpeedProbeFilter().filter(request(MEASURED), pool) == pool
+
+
+def test_a_backend_measured_enough_is_left_to_the_scores() -> None:
+    pool = [cand("h1"), cand("h2"), cand("l1"), cand("l2")]
+    enough = dict.fromkeys(("h1", "h2", "l1", "l2"), BOOTSTRAP_TPOTS)
+    assert SpeedProbeFilter().filter(request(enough), pool) == pool
+
+
+def test_at_a_cold_start_every_backend_is_left_to_the_scores() -> None:
+    # Every backend idle and unmeasured: there is nothing to prefer.
+    pool = [cand("h1"), cand("h2"), cand("l1"), cand("l2")]
+    assert SpeedProbeFilter().filter(request({}), pool) == pool
+
+
+def test_a_request_whose_first_token_would_come_late_there_is_not_a_probe() -> None:
+    pool = [cand("h1"), cand("h2"), cand("l1"), cand("l2")]
+    late = request(MEASURED, ttft_s={"l1": 0.5})
+    assert ids(SpeedProbeFilter().filter(late, pool)) == ["l2"]
+    both_late = request(MEASURED, ttft_s={"l1": 0.5, "l2": 0.31})
+    assert SpeedProbeFilter().filter(both_late, pool) == pool
+
+
+def test_a_request_that_is_not_streamed_is_not_a_probe() -> None:
+    # Only a stream's first token and TPOT measure a backend.
+    pool = [cand("h1"), cand("h2"), cand("l1"), cand("l2")]
+    assert SpeedProbeFilter().filter(request(MEASURED, stream=False), pool) == pool
+
+
+def test_a_backend_is_probed_at_most_max_probes_times() -> None:
+    filt = SpeedProbeFilter()
+    pool = [cand("h1"), cand("h2"), cand("l1")]
+    measured = {"h1": 40, "h2": 40, "l1": 0}  # its streams never yield a TPOT
+    for _ in range(DEFAULT_MAX_PROBES):
+        assert ids(filt.filter(request(measured), pool)) == ["l1"]
+    assert filt.probes_sent("l1") == DEFAULT_MAX_PROBES
+    assert filt.filter(request(measured), pool) == pool
+
+
+@pytest.mark.parametrize("kwargs", [{"replies_needed": 0}, {"max_probes": 0},
+                                    {"ttft_budget_s": 0.0}])
+def test_bad_parameters_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        SpeedProbeFilter(**kwargs)  # type: ignore[arg-type]
