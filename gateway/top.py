@@ -4,10 +4,10 @@
                [--width COLUMNS] [--color auto|always|never]
 
 Every `--interval` seconds it reads GET /admin/backends (each backend's KV usage, running and
-waiting sequences, the gateway's in-flight count, the scrape's age) and GET /metrics (the gateway
-queue; requests refused, by reason (`over_slo`, `queue_full`, ...); TTFT, TPOT and queue-time
-percentiles, cache hit rate and small-model share over the last minute, from the difference
-between scrapes: gateway/topstats.py). `--once` renders one frame,
+waiting sequences, the gateway's in-flight count, its learned speed, the scrape's age) and
+GET /metrics (the gateway queue; requests refused, by reason (`over_slo`, `queue_full`, ...);
+TTFT, TPOT and queue-time percentiles, cache hit rate and small-model share over the last
+minute, from the difference between scrapes: gateway/topstats.py). `--once` renders one frame,
 whose figures cover everything since the gateway started, and exits: 0, or 1 when the gateway
 cannot be read. Needs `rich` (the `top` extra), imported only here.
 """
@@ -108,6 +108,14 @@ def number(value: object) -> str:
     return str(value)
 
 
+def speed(scale: object, replies: object) -> str:
+    """The learned speed: step times as a multiple of the reference profile's, with the replies
+    it rests on; "–" before any measurement."""
+    if not isinstance(scale, int | float):
+        return "–"
+    return f"{scale:.2f}x/{replies}" if isinstance(replies, int) else f"{scale:.2f}x"
+
+
 def render(frame: Frame) -> RenderableType:
     from rich.console import Group
     from rich.text import Text
@@ -181,7 +189,7 @@ def _backend_table(rows: Sequence[dict[str, Any]]) -> RenderableType:
     table.add_column("backend")
     table.add_column("health")
     table.add_column("KV cache")
-    for name in ("KV", "free", "running", "waiting", "inflight", "scraped"):
+    for name in ("KV", "free", "running", "waiting", "inflight", "speed", "scraped"):
         table.add_column(name, justify="right")
     for row in rows:
         healthy = bool(row.get("healthy"))
@@ -198,6 +206,7 @@ def _backend_table(rows: Sequence[dict[str, Any]]) -> RenderableType:
             number(row.get("running")),
             number(row.get("waiting")),
             number(row.get("inflight")),
+            speed(row.get("speed_scale"), row.get("speed_replies")),
             duration(age / 1000.0) + " ago" if isinstance(age, int | float) else "never",
         )
     return table

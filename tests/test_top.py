@@ -198,7 +198,8 @@ def test_the_kv_bar_is_proportional_to_usage(usage: float | None, bar: str) -> N
 def test_a_frame_shows_every_backend_and_marks_the_unhealthy_and_unscraped() -> None:
     rows = [
         {"id": "b0", "healthy": True, "kv_usage": 0.25, "kv_free_blocks": 75, "running": 3,
-         "waiting": 1, "inflight": 4, "last_poll_age_ms": 80.0, "stale": False},
+         "waiting": 1, "inflight": 4, "last_poll_age_ms": 80.0, "stale": False,
+         "speed_scale": 3.617, "speed_replies": 29},
         {"id": "b1", "healthy": False, "kv_usage": None, "kv_free_blocks": None,
          "running": None, "waiting": None, "inflight": 0, "last_poll_age_ms": None,
          "stale": True},
@@ -208,6 +209,7 @@ def test_a_frame_shows_every_backend_and_marks_the_unhealthy_and_unscraped() -> 
     b0 = next(line for line in text.splitlines() if " b0 " in line)
     b1 = next(line for line in text.splitlines() if " b1 " in line)
     assert "up" in b0 and "█" * 6 + "░" * 18 in b0 and "25.0%" in b0 and "80 ms ago" in b0
+    assert "3.62x/29" in b0  # the learned speed, over the replies it rests on
     assert "down stale" in b1 and "never" in b1
     assert "since the gateway started" in text
 
