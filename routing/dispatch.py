@@ -194,6 +194,9 @@ class Dispatcher:
         self.config = config or DispatchConfig()
         self._prior = profile or BackendProfile()
         self._profiles: dict[str, ProfileEstimator] = {}
+        # Replies each backend's speed has been learned from, kept up to date as TPOTs come in
+        # (`RouteContext.measured`: one mapping for every decision, not one built per decision).
+        self._replies: dict[str, int] = {}
         self._prefix = PrefixIndex(self.config.prefix_index_blocks)
         self._sessions: OrderedDict[str, str] = OrderedDict()
         self._queues: dict[str, AdmissionQueue[Waiting]] = {}
@@ -325,8 +328,10 @@ class Dispatcher:
             return
         if completion.tpot_s is not None and completion.tpot_s > 0.0:
             # Past the first few, TTFTs are not learned from: they include queueing (ttft.py).
-            self._estimator(dispatch.backend_id).observe_tpot(
-                pred.kv_read_tokens, pred.prefill_tokens_per_s, completion.tpot_s)
+            estimator = self._estimator(dispatch.backend_id)
+            estimator.observe_tpot(pred.kv_read_tokens, pred.prefill_tokens_per_s,
+                                   completion.tpot_s)
+            self._replies[dispatch.backend_id] = estimator.replies
 
     # Reading.
 
@@ -384,12 +389,6 @@ class Dispatcher:
         if estimator is None:
             estimator = self._profiles[backend_id] = ProfileEstimator(self._prior)
         return estimator
-
-    def _measured(self, pool: Sequence[Candidate]) -> dict[str, int]:
-        """Replies each pool backend's speed has been learned from."""
-        profiles = self._profiles
-        return {c.spec.id: e.replies for c in pool
-                if (e := profiles.get(c.spec.id)) is not None}
 
     def _work_of(self, backend_id: str) -> BackendWork:
         work = self._work.get(backend_id)
@@ -466,7 +465,7 @@ class Dispatcher:
         ctx: RouteContext = build_context(
             survey.pool, cost, predictions=survey.predictions, chain=chain,
             matched_blocks=survey.matched, session_backend=self._session_backend(job.session),
-            max_risk=self.config.max_preemption_risk, measured=self._measured(survey.pool))
+            max_risk=self.config.max_preemption_risk, measured=self._replies)
         request = RouteRequest(model=job.model, prompt_tokens=cost.prompt_tokens,
                                max_tokens=job.max_tokens, stream=job.stream, context=ctx)
         try:

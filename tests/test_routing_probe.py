@@ -9,19 +9,11 @@ from collections.abc import Mapping
 import pytest
 
 from routing.context import RouteContext
-from routing.cost import RequestCost
 from routing.policy import RouteRequest
 from routing.probe import DEFAULT_MAX_PROBES, SpeedProbeFilter
 from routing.state import BackendSpec, Candidate
 from routing.ttft import BOOTSTRAP_TPOTS, Prediction
-
-
-def cost() -> RequestCost:
-    return RequestCost(
-        model="m", prompt_chars=400, prompt_tokens=100, exact=False, tokens_per_char=0.25,
-        max_tokens=None, output_p50=100, output_p90=100, output_mean=100.0, output_var=0.0,
-        typical_prompt_tokens=100.0, mean_output_all=100.0, inflight_growth_mean=0.0,
-        inflight_growth_var=0.0)
+from tests.test_routing_offload import cost  # a request; its size does not matter here
 
 
 def cand(backend_id: str, inflight: int = 0) -> Candidate:
