@@ -35,12 +35,11 @@ the gateway measures on its own requests (a TPOT is the mean step over the reply
 measured yet is taken as `SLOW_START_SCALE` times slower than the reference, so an unknown card
 is eased in (as a load balancer's slow start does) rather than flooded at the reference speed.
 Its first tokens set its speed (the TTFT against the prediction it was dispatched on) until
-its replies do: a first token comes within a step or two, a TPOT only when the reply ends,
-seconds later on a slow card, while every backend looks alike. First tokens weigh less with each
-TPOT and nothing once `BOOTSTRAP_TPOTS` replies have ended: they include queueing inside the
-engine, which would read as slow prefill, and at a cold start whatever a first connection adds.
-A backend learned too slow would get nothing and never be measured again; routing/probe.py
-sends an idle one streamed requests until its replies have shown its speed.
+`BOOTSTRAP_TPOTS` replies have ended: a first token comes within a step or two, a TPOT only
+when the reply ends, seconds later on a slow card, while every backend looks alike. From then
+on TTFTs are not used: they include queueing inside the engine, which would read as slow
+prefill. A backend learned too slow would get nothing and never be measured again;
+routing/probe.py sends an idle one streamed requests until its replies have shown its speed.
 Preemption risk is P(growth > room) under a normal approximation: growth is what every sequence
 already there adds while this request runs (`RequestCost.inflight_growth_*`, releases ignored, so
 it errs high) plus this request's own reply; room is capacity minus what is used, queued and this
@@ -423,13 +422,9 @@ class ProfileEstimator:
         p = prior or BackendProfile()
         self._prior = p
         self._decay = 0.5 ** (1.0 / half_life)
-        # Decayed sums of the readings' weights and of their log(observed / modelled), kept
-        # apart for first tokens and for TPOTs: first tokens count in full only until TPOTs come
-        # in (`scale`).
-        self._prior_weight = prior_weight
-        self._prior_log = prior_weight * math.log(initial_scale)
-        self._ttft_weight = self._ttft_log_sum = 0.0
-        self._tpot_weight = self._tpot_log_sum = 0.0
+        # Decayed sums of the observations' weights and of their log(observed / modelled).
+        self._weight = prior_weight
+        self._log_sum = prior_weight * math.log(initial_scale)
         self._profile: BackendProfile | None = None
         self._tpots = 0  # TPOTs observed so far
         self._readings = 0  # first tokens and TPOTs learned from so far
@@ -452,7 +447,7 @@ class ProfileEstimator:
         y = seconds - p.overhead_s
         if not (z > 0.0 and y > 0.0 and math.isfinite(z)):
             return
-        self._observe(y / z, tpot=False)
+        self._observe(y / z)
 
     def observe_tpot(self, kv_read_tokens: float, prefill_tokens_per_s: float,
                      seconds: float) -> None:
@@ -463,25 +458,15 @@ class ProfileEstimator:
         p = self._prior
         z = p.decode_step_s(kv_read_tokens) + prefill_tokens_per_s * seconds / (
             p.prefill_tokens_per_s)
-        self._observe(seconds / z, tpot=True)
+        self._observe(seconds / z)
         self._tpots += 1
 
-    def _observe(self, ratio: float, *, tpot: bool) -> None:
+    def _observe(self, ratio: float) -> None:
         """One reading of the scale: an observed time over the prior's model of it."""
         self._readings += 1
         d = self._decay
-        self._prior_weight *= d
-        self._prior_log *= d
-        self._ttft_weight *= d
-        self._ttft_log_sum *= d
-        self._tpot_weight *= d
-        self._tpot_log_sum *= d
-        if tpot:
-            self._tpot_weight += 1.0
-            self._tpot_log_sum += math.log(ratio)
-        else:
-            self._ttft_weight += 1.0
-            self._ttft_log_sum += math.log(ratio)
+        self._weight = self._weight * d + 1.0
+        self._log_sum = self._log_sum * d + math.log(ratio)
         self._profile = None
 
     @property
@@ -497,16 +482,7 @@ class ProfileEstimator:
 
     @property
     def scale(self) -> float:
-        """The geometric mean of the readings and the prior (class docstring). First tokens
-        weigh less with every TPOT and nothing from `BOOTSTRAP_TPOTS` on: a first token is one
-        step's worth of evidence, with whatever the connection or the engine's queue added (on a
-        cold start, several times the prediction), where a TPOT averages a whole reply. Left in
-        full, a few such first tokens read a card as half as fast again as its replies show,
-        and a backend then sent nothing is never measured again (loadtest/README.md, session 9)."""
-        fade = max(0.0, 1.0 - self._tpots / BOOTSTRAP_TPOTS)
-        weight = self._prior_weight + fade * self._ttft_weight + self._tpot_weight
-        log_sum = self._prior_log + fade * self._ttft_log_sum + self._tpot_log_sum
-        return min(100.0, max(0.01, math.exp(log_sum / weight)))
+        return min(100.0, max(0.01, math.exp(self._log_sum / self._weight)))
 
     def profile(self) -> BackendProfile:
         if self._profile is None:

@@ -384,10 +384,9 @@ def test_a_backend_read_too_slow_at_a_cold_start_is_measured_again_while_idle() 
         out = placed(d.submit(streamed(f"s{i}"), 2.0 + i))
         d.first_token(out, 2.0 + i + 0.02)
         d.finish(out, 2.5 + i, fast)
-    assert d.learned_speed("b")[1] >= 8
-    scale_a, scale_b = d.learned_speed("a")[0], d.learned_speed("b")[0]
-    assert scale_a is not None and scale_b is not None
-    assert scale_b == pytest.approx(scale_a, rel=0.3)
+    scale_b, replies_b = d.learned_speed("b")
+    assert replies_b >= 8
+    assert scale_b is not None and scale_b < slow_read / 3  # its replies pulled it back
 
 
 def test_a_first_token_after_the_attempt_finished_teaches_nothing() -> None:

@@ -314,21 +314,6 @@ def test_once_replies_show_the_speed_ttfts_no_longer_count() -> None:
     assert est.scale == before
 
 
-def test_cold_first_tokens_give_way_to_what_the_replies_show() -> None:
-    # Live, a card's first few first tokens came 5-20x later than predicted (connections and
-    # the engine's queue at a cold start), while its replies' TPOTs all read it 3x slower than
-    # the prior. Once BOOTSTRAP_TPOTS replies have ended, the speed is theirs.
-    est = ProfileEstimator(PROFILE)
-    request = backend(snapshot(running=4))
-    for late in (20.0, 15.0, 10.0, 2.0):
-        pred = predict(request, cost(), 0, est.profile())
-        est.observe_ttft(pred, late * predict(request, cost(), 0, scaled(1.0)).predicted_ttft_s)
-    assert est.scale > 6.0
-    for _ in range(BOOTSTRAP_TPOTS):
-        est.observe_tpot(50_000.0, 0.0, tpot_of(scaled(3.0), 50_000.0, 0.0))
-    assert est.scale == pytest.approx(3.0, rel=0.1)
-
-
 def test_a_ttft_predicted_with_a_kv_wait_teaches_nothing() -> None:
     est = ProfileEstimator(PROFILE)
     full = predict(backend(snapshot(free=50, running=10)), cost(), 0, est.profile())
