@@ -46,8 +46,7 @@ class StreamObserver:
     """Relays one SSE stream and remembers what the gateway must know about it."""
 
     __slots__ = ("_carry", "_clock", "_on_first_token", "_strip_usage", "_blank_owed",
-                 "first_token_at",
-                 "text_events", "finish_reason", "usage", "error", "done")
+                 "first_token_at", "text_events", "finish_reason", "usage", "error", "done")
 
     def __init__(self, clock: Callable[[], float],
                  on_first_token: Callable[[float], None] | None = None, *,
