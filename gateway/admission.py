@@ -293,7 +293,8 @@ def completion_of(usage: Mapping[str, Any] | None, *, dispatched_at: float,
     tokens = output if output is not None else text_events
     if first_token_at is not None and tokens > 1:
         tpot = (ended_at - first_token_at) / (tokens - 1)
-    return Completion(prompt_tokens=prompt, completion_tokens=output, ttft_s=ttft, tpot_s=tpot)
+    return Completion(prompt_tokens=prompt, completion_tokens=output, ttft_s=ttft, tpot_s=tpot,
+                      duration_s=ended_at - dispatched_at)
 
 
 # Exact tokenizers, when configured.

@@ -326,11 +326,11 @@ class Dispatcher:
         pred = dispatch.prediction
         if pred is None:
             return
-        if completion.tpot_s is not None and completion.tpot_s > 0.0:
+        tpot = completion.decode_tpot(pred.predicted_ttft_s)
+        if tpot is not None and tpot > 0.0:
             # Past the first few, TTFTs are not learned from: they include queueing (ttft.py).
             estimator = self._estimator(dispatch.backend_id)
-            estimator.observe_tpot(pred.kv_read_tokens, pred.prefill_tokens_per_s,
-                                   completion.tpot_s)
+            estimator.observe_tpot(pred.kv_read_tokens, pred.prefill_tokens_per_s, tpot)
             self._replies[dispatch.backend_id] = estimator.replies
 
     # Reading.
@@ -549,3 +549,4 @@ __all__ = [
     "Completion", "Dispatch", "DispatchConfig", "Dispatcher", "FleetLike", "Job", "Pumped",
     "Rejection", "Waiting",
 ]
+

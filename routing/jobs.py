@@ -49,6 +49,9 @@ class Job:
     stream: bool = False
 
 
+WHOLE_ANSWER_MIN_TOKENS = 16  # a non-streamed answer this long teaches its backend's speed
+
+
 @dataclass(frozen=True, slots=True)
 class Completion:
     """What the gateway learned from a finished request; any figure may be missing."""
@@ -57,6 +60,21 @@ class Completion:
     completion_tokens: int | None = None  # usage.completion_tokens
     ttft_s: float | None = None  # dispatch to first token (the gateway queue excluded)
     tpot_s: float | None = None  # (end - first token) / (output tokens - 1)
+    duration_s: float | None = None  # dispatch to the end of the answer
+
+    def decode_tpot(self, predicted_ttft_s: float) -> float | None:
+        """The time per output token: as measured on a stream, else, for an answer that came
+        whole (no first token seen) of `WHOLE_ANSWER_MIN_TOKENS` tokens or more, its time from
+        dispatch less the first token's predicted time, over the tokens after the first: its
+        decode outweighs the error in that prediction. Without it a fleet serving only whole
+        answers would never learn its backends' speeds."""
+        if self.tpot_s is not None or self.ttft_s is not None:
+            return self.tpot_s
+        tokens, duration = self.completion_tokens, self.duration_s
+        if tokens is None or duration is None or tokens < WHOLE_ANSWER_MIN_TOKENS:
+            return None
+        tpot = (duration - predicted_ttft_s) / (tokens - 1)
+        return tpot if tpot > 0.0 else None
 
 
 class Waiting:

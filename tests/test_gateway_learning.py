@@ -1,7 +1,8 @@
-"""The gateway learns each backend's speed from the streams it relays, whatever the client asked
-for: it asks the backend for usage (`stream_options.include_usage`) and drops the usage event from
-a stream whose client did not ask. End to end against real simulators on loopback; the learned
-speed is visible in /admin/backends (`speed_scale`, `speed_replies`)."""
+"""The gateway learns each backend's speed from the answers it relays, whatever the client asked
+for: from a stream it asks the backend for usage (`stream_options.include_usage`) and drops the
+usage event when the client did not ask; a whole answer teaches by its duration. End to end
+against real simulators on loopback; the learned speed is visible in /admin/backends
+(`speed_scale`, `speed_replies`)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,17 @@ async def test_with_stream_usage_off_streams_are_timed_over_their_text_events() 
     async with gateway_over({"b0": "llama-3-8b-h100"}, stream_usage=False) as (gateway, http):
         for i in range(3):
             await stream(http, gateway, i)
+        assert (await speeds(http, gateway))["b0"][1] == 3
+
+
+async def test_answers_that_are_not_streamed_teach_the_speed_too() -> None:
+    async with gateway_over({"b0": "llama-3-8b-h100"}) as (gateway, http):
+        for i in range(3):
+            body = {"model": MODEL, "max_tokens": 24, "ignore_eos": True,
+                    "messages": [{"role": "user", "content": f"{i} " + "word " * 200}]}
+            async with http.post(gateway + "/v1/chat/completions", json=body) as resp:
+                assert resp.status == 200
+                assert (await resp.json())["usage"]["completion_tokens"] == 24
         assert (await speeds(http, gateway))["b0"][1] == 3
 
 

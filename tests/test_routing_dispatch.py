@@ -389,6 +389,28 @@ def test_a_backend_read_too_slow_at_a_cold_start_is_measured_again_while_idle() 
     assert scale_b is not None and scale_b < slow_read / 3  # its replies pulled it back
 
 
+def test_a_whole_answer_teaches_its_backends_speed_from_its_duration() -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000)))
+    out = placed(d.submit(job("r"), 0.0))
+    assert out.prediction is not None
+    # 100 tokens at 8 ms after the first token's predicted time: a fast card.
+    d.finish(out, 1.0, Completion(completion_tokens=100,
+                                  duration_s=out.prediction.predicted_ttft_s + 99 * 0.008))
+    scale, replies = d.learned_speed("a")
+    assert replies == 1 and scale is not None and scale < 2.0  # from the slow start's 4
+
+
+@pytest.mark.parametrize("completion", [
+    Completion(completion_tokens=10, duration_s=5.0),  # too short for its decode to outweigh TTFT
+    Completion(completion_tokens=100, duration_s=0.001),  # over before its first token was due
+    Completion(completion_tokens=None, duration_s=5.0),  # no usage
+], ids=["short", "impossible", "no usage"])
+def test_a_whole_answer_that_cannot_show_the_speed_teaches_nothing(completion: Completion) -> None:
+    d = dispatcher(make_fleet(a=(100_000, 100_000)))
+    d.finish(placed(d.submit(job("r"), 0.0)), 1.0, completion)
+    assert d.learned_speed("a") == (None, 0)
+
+
 def test_a_first_token_after_the_attempt_finished_teaches_nothing() -> None:
     d = dispatcher(make_fleet(a=(100_000, 100_000)))
     out = placed(d.submit(job("r"), 0.0))
