@@ -280,14 +280,17 @@ def job_of(request: web.Request, body: Mapping[str, Any], *, model: str, request
 
 def completion_of(usage: Mapping[str, Any] | None, *, dispatched_at: float,
                   first_token_at: float | None, ended_at: float,
-                  text_events: int = 0) -> Completion:
+                  text_events: int = 0, choices: int = 1) -> Completion:
     """What a finished request teaches the cost model and the backend's profile. A stream
     without usage (a backend that ignores `stream_options`) is timed over its `text_events`,
-    one token each; the cost model learns output lengths only from usage."""
+    one token each; the cost model learns output lengths only from usage. With `choices` (the
+    body's `n`) above 1 the choices decode side by side, and usage and events count them all:
+    each figure is per choice."""
     prompt = usage.get("prompt_tokens") if usage else None
     output = usage.get("completion_tokens") if usage else None
     prompt = prompt if isinstance(prompt, int) else None
-    output = output if isinstance(output, int) else None
+    output = output // choices if isinstance(output, int) and choices >= 1 else None
+    text_events = text_events // max(1, choices)
     ttft = None if first_token_at is None else first_token_at - dispatched_at
     tpot = None
     tokens = output if output is not None else text_events

@@ -91,6 +91,7 @@ async def _complete(
         timing=observation.timing,
         trace=observation.trace,
         strip_usage=strip_usage,
+        choices=body.n or 1,
     )
     return await app[PROXY].forward(request, call)
 

@@ -86,6 +86,7 @@ class UpstreamCall:
     # The gateway added `stream_options.include_usage` the client did not ask for: the usage-only
     # event is dropped from the relayed stream (gateway/sse.py).
     strip_usage: bool = False
+    choices: int = 1  # the body's `n`: usage and text events count every choice's tokens
     routed: Routed = field(default_factory=Routed)  # the proxy's record of admission and route
 
 
@@ -218,7 +219,8 @@ class Proxy:
                     usage, dispatched_at=dispatch.dispatched_at,
                     first_token_at=observer.first_token_at if observer is not None else None,
                     ended_at=self._clock(),
-                    text_events=observer.text_events if observer is not None else 0)
+                    text_events=observer.text_events if observer is not None else 0,
+                    choices=call.choices)
             return result
         except asyncio.CancelledError:  # the client hung up (handler cancellation)
             self._finish(call, decision, CLIENT_CLOSED, attempt, observer, "client gone", True)

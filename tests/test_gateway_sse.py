@@ -96,6 +96,17 @@ def test_a_stream_without_usage_is_timed_over_its_text_events() -> None:
                          text_events=1).tpot_s is None
 
 
+def test_with_n_choices_usage_and_text_events_are_counted_per_choice() -> None:
+    # Four choices decode side by side: 40 tokens in all is 10 each, 9 steps after the first.
+    reported = completion_of({"completion_tokens": 40}, dispatched_at=0.0, first_token_at=1.0,
+                             ended_at=4.0, choices=4)
+    assert reported.completion_tokens == 10
+    assert reported.tpot_s == pytest.approx(3.0 / 9)
+    counted = completion_of(None, dispatched_at=0.0, first_token_at=1.0, ended_at=4.0,
+                            text_events=40, choices=4)
+    assert counted.tpot_s == pytest.approx(3.0 / 9)
+
+
 @pytest.mark.parametrize("piece", SPLITS)
 def test_only_whole_lines_leave_the_relay(piece: int) -> None:
     _, _, outputs = relay(fixture("vllm-chat-stream.sse"), piece)
