@@ -8,8 +8,8 @@
 - kv_util: the Gateway API Inference Extension's default: queue 2, kv_cache 2, prefix 3.
 - prefix_hash: consistent hashing of the prefix with bounded load, 1.25 x mean (prefix_hash 1).
 - cost (the default): KV high-water filter, then long prompts to slower backends
-  (routing/offload.py), then a streamed request to an idle backend whose speed is not measured
-  yet (routing/probe.py); ttft 2, goodput 2, prefill_load 4.5, preemption 1, prefix 0.3
+  (routing/offload.py), then a request to an idle backend whose speed is not measured yet
+  (routing/probe.py); ttft 2, goodput 2, prefill_load 4.5, preemption 1, prefix 0.3
   (load-bounded), session 0.3.
 
 `cost` predicts, per backend, what the request would see there and what it would do to the

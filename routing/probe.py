@@ -1,5 +1,5 @@
 """Measuring a backend the gateway knows too little about: while a backend's speed rests on fewer
-than `BOOTSTRAP_TPOTS` replies, it gets a streamed request whenever it is idle.
+than `BOOTSTRAP_TPOTS` replies, it gets a request whenever it is idle.
 
 `cost` sends a request where its predictions say it is served best, and the predictions use each
 backend's learned speed (routing/ttft.py). A backend learned slower than it is gets nothing, so it
@@ -9,8 +9,9 @@ than the reference where its replies showed 3.4x, and at light load it then serv
 last 200 requests, long prompts it should have taken included (loadtest/README.md, session 9).
 An idle backend costs little to measure: the request it gets runs alone there.
 
-The rule (`SpeedProbeFilter`), after the other filters, for a streamed request (only a stream's
-first token and TPOT are measured):
+The rule (`SpeedProbeFilter`), after the other filters, for a request that can teach a speed: a
+stream (its first token and TPOT are measured), or a whole answer allowed `WHOLE_ANSWER_MIN_TOKENS`
+tokens or more (routing/jobs.py: its duration is read as a TPOT):
 - a candidate is *under-measured* when its speed has been learned from fewer than
   `replies_needed` replies (`RouteContext.measured`), and *idle* when none of this gateway's
   requests is in flight there;
@@ -18,8 +19,8 @@ first token and TPOT are measured):
   one measured least (then the first in pool order), provided its predicted TTFT there is within
   `ttft_budget_s`: the prediction is made at the speed learned so far, which errs slow, so the
   probe is a request that would be served soon even then;
-- a backend is probed at most `max_probes` times, so one whose streams never yield a TPOT (one-
-  token replies) is not probed forever.
+- a backend is probed at most `max_probes` times, so one whose answers never yield a TPOT
+  (one-token replies) is not probed forever.
 At a cold start every backend is under-measured and idle, so the first requests spread one per
 backend; under load no backend stays idle and the rule does nothing. Pure apart from its count of
 probes sent.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from routing.jobs import WHOLE_ANSWER_MIN_TOKENS
 from routing.policy import RouteRequest
 from routing.state import Candidate
 from routing.ttft import BOOTSTRAP_TPOTS
@@ -38,7 +40,7 @@ DEFAULT_MAX_PROBES = 2 * BOOTSTRAP_TPOTS
 
 
 class SpeedProbeFilter:
-    """Sends a streamed request to an idle, under-measured backend (module docstring)."""
+    """Sends a request to an idle, under-measured backend (module docstring)."""
 
     def __init__(self, *, replies_needed: int = BOOTSTRAP_TPOTS,
                  ttft_budget_s: float = DEFAULT_PROBE_TTFT_BUDGET_S,
@@ -56,7 +58,9 @@ class SpeedProbeFilter:
     def filter(self, request: RouteRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
         kept = list(candidates)
         ctx = request.context
-        if ctx is None or not request.stream or len(kept) < 2:
+        if ctx is None or len(kept) < 2 or not (
+                request.stream or request.max_tokens is None
+                or request.max_tokens >= WHOLE_ANSWER_MIN_TOKENS):
             return kept
         measured, predictions = ctx.measured, ctx.predictions
         best: Candidate | None = None

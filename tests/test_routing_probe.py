@@ -1,6 +1,7 @@
 """Measuring a backend the gateway knows too little about (routing/probe.py): while a backend's
-speed rests on fewer than BOOTSTRAP_TPOTS replies, an idle one gets the next streamed request
-that it would still serve soon; busy, measured or cold-start fleets are left alone."""
+speed rests on fewer than BOOTSTRAP_TPOTS replies, an idle one gets the next request that can show
+its speed and that it would still serve soon; busy, measured or cold-start fleets are left
+alone."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Mapping
 import pytest
 
 from routing.context import RouteContext
+from routing.jobs import WHOLE_ANSWER_MIN_TOKENS
 from routing.policy import RouteRequest
 from routing.probe import DEFAULT_MAX_PROBES, SpeedProbeFilter
 from routing.state import BackendSpec, Candidate
@@ -25,11 +27,11 @@ def pred(ttft_s: float = 0.05) -> Prediction:
     return Prediction(0.0, 0.01, 0.0, 0.0, ttft_s, 0.0, True, False, 100, 0, 0, "x")
 
 
-def request(measured: Mapping[str, int], *, stream: bool = True,
+def request(measured: Mapping[str, int], *, stream: bool = True, max_tokens: int | None = None,
             ttft_s: Mapping[str, float] | None = None) -> RouteRequest:
     ttft_s = ttft_s or {}
     predictions = {b: pred(ttft_s.get(b, 0.05)) for b in ("h1", "h2", "l1", "l2")}
-    return RouteRequest("m", stream=stream, context=RouteContext(
+    return RouteRequest("m", stream=stream, max_tokens=max_tokens, context=RouteContext(
         cost=cost(), predictions=predictions, measured=measured))
 
 
@@ -76,10 +78,13 @@ def test_a_request_whose_first_token_would_come_late_there_is_not_a_probe() -> N
     assert SpeedProbeFilter().filter(both_late, pool) == pool
 
 
-def test_a_request_that_is_not_streamed_is_not_a_probe() -> None:
-    # Only a stream's first token and TPOT measure a backend.
+def test_a_whole_answer_too_short_to_show_the_speed_is_not_a_probe() -> None:
     pool = [cand("h1"), cand("h2"), cand("l1"), cand("l2")]
-    assert SpeedProbeFilter().filter(request(MEASURED, stream=False), pool) == pool
+    short = request(MEASURED, stream=False, max_tokens=WHOLE_ANSWER_MIN_TOKENS - 1)
+    assert SpeedProbeFilter().filter(short, pool) == pool
+    for max_tokens in (None, WHOLE_ANSWER_MIN_TOKENS):  # may run long enough: its time teaches
+        whole = request(MEASURED, stream=False, max_tokens=max_tokens)
+        assert ids(SpeedProbeFilter().filter(whole, pool)) == ["l1"]
 
 
 def test_a_backend_is_probed_at_most_max_probes_times() -> None:
