@@ -549,4 +549,3 @@ __all__ = [
     "Completion", "Dispatch", "DispatchConfig", "Dispatcher", "FleetLike", "Job", "Pumped",
     "Rejection", "Waiting",
 ]
-

@@ -39,7 +39,7 @@ Its first tokens set its speed (the TTFT against the prediction it was dispatche
 when the reply ends, seconds later on a slow card, while every backend looks alike. From then
 on TTFTs are not used: they include queueing inside the engine, which would read as slow
 prefill. A backend learned too slow would get nothing and never be measured again;
-routing/probe.py sends an idle one streamed requests until its replies have shown its speed.
+routing/probe.py sends an idle one requests until its replies have shown its speed.
 Preemption risk is P(growth > room) under a normal approximation: growth is what every sequence
 already there adds while this request runs (`RequestCost.inflight_growth_*`, releases ignored, so
 it errs high) plus this request's own reply; room is capacity minus what is used, queued and this
