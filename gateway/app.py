@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from gateway import handlers
 from gateway.admission import GATE, build_gate, gate_running, stamp_route
+from gateway.cache.setup import cache_running
 from gateway.config import Settings
 from gateway.errors import (
     BodyTooLarge,
@@ -96,6 +97,8 @@ def create_app(
     install_telemetry(app, observer)
     app.cleanup_ctx.append(_upstream_client(observer.on_done))
     app.cleanup_ctx.append(_backend_health)
+    if settings.cache.enabled:
+        app.cleanup_ctx.append(cache_running)
     app.on_response_prepare.append(_stamp_headers)
     app.on_response_prepare.append(stamp_route)
     handlers.add_routes(app)

@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "serve": "gateway.serve",
     "demo": "gateway.demo",
     "top": "gateway.top",
+    "cache": "gateway.cache.admin",
     "sim": "loadtest.sim.cli",
     "simulate": "loadtest.simulate_cli",
 }

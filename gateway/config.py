@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -31,6 +31,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from gateway.cli import UsageError
@@ -234,12 +235,47 @@ class TelemetryConfig(_Section):
         )
 
 
+class CacheSettings(_Section):
+    """The response cache (gateway/cache): exact, then semantic, over one store. Off unless
+    enabled (`kvgate demo` and `kvgate serve --redis URL` turn it on)."""
+
+    enabled: bool = False
+    store: Literal["memory", "redis"] = "memory"
+    redis_url: str | None = None  # redis://[:password@]host:port/db; the `redis` store's server
+    key_prefix: str = Field(default="kvgate:cache:", min_length=1)  # every Redis key starts so
+    ttl_s: float | None = Field(default=3600.0, gt=0)  # an answer's lifetime; null = forever
+    max_entries: int = Field(default=10_000, ge=1)  # the memory store's LRU bound
+    # Semantic lookups compare a question with this many newest entries of its namespace.
+    max_per_namespace: int = Field(default=256, ge=1)
+    semantic: bool = True  # the second tier; false = exact matches only
+    embedder: Literal["hashing"] = "hashing"  # built in: near-duplicate questions, no model
+    similarity_threshold: float = Field(default=0.9, gt=0, le=1)  # cosine, for a semantic hit
+    # Requests sampled hotter than this are not cached (an absent temperature is OpenAI's 1.0);
+    # null caches every temperature.
+    max_temperature: float | None = Field(default=None, ge=0)
+    timeout_s: float = Field(default=0.25, gt=0)  # a slower store call counts as a miss
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value is not None and urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"{value!r} is not a redis://, rediss:// or unix:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _store_reachable(self) -> CacheSettings:
+        if self.store == "redis" and self.redis_url is None:
+            raise ValueError("store 'redis' needs redis_url")
+        return self
+
+
 class Settings(_Section):
     server: ServerSettings = ServerSettings()
     backends: tuple[BackendSettings, ...] = ()
     model_aliases: dict[str, str] = Field(default_factory=dict)  # alias -> real model name
     routing: RoutingSettings = RoutingSettings()
     telemetry: TelemetryConfig = TelemetryConfig()
+    cache: CacheSettings = CacheSettings()
 
     @field_validator("backends")
     @classmethod

@@ -4,7 +4,8 @@
 
 Starts N simulators of the default preset and one of the small-model preset on free loopback ports,
 then the gateway on P (default 8000), prints how to call it and runs until Ctrl-C or SIGTERM, when
-everything shuts down cleanly (exit code 0). No config file, no environment, no Redis.
+everything shuts down cleanly (exit code 0). No config file, no environment, no Redis: the
+response cache is on, in memory (exact and semantic tiers).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from contextlib import AsyncExitStack
 import orjson
 
 from gateway.cli import UsageError
-from gateway.config import BackendSettings, ServerSettings, Settings
+from gateway.config import BackendSettings, CacheSettings, ServerSettings, Settings
 from gateway.serve import LOG_LEVELS, configure_logging, run_on_uvloop, running_gateway
 from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS, SMALL_PRESET
@@ -30,7 +31,8 @@ MAX_BACKENDS = 16
 
 def demo_settings(urls: Sequence[str], *, host: str, port: int) -> Settings:
     backends = tuple(BackendSettings(url=url, id=f"sim{i}") for i, url in enumerate(urls))
-    return Settings(server=ServerSettings(host=host, port=port), backends=backends)
+    return Settings(server=ServerSettings(host=host, port=port), backends=backends,
+                    cache=CacheSettings(enabled=True))
 
 
 def banner(url: str, *, backends: int, time_scale: float) -> str:
@@ -48,9 +50,11 @@ def banner(url: str, *, backends: int, time_scale: float) -> str:
             f"  backends: {backends} x {model} ({DEFAULT_PRESET}), 1 x {small} ({SMALL_PRESET}),"
             f" time scale {time_scale:g}",
             f"  state:    curl -s {url}/admin/backends",
+            "  cache:    in memory; ask the same (or nearly the same) question twice and the",
+            "            second answer comes from it (header x-kvgate-cache: exact or semantic)",
             "",
             "Try it:",
-            f"  {curl}",
+            f"  {curl} -i",
             "",
             "  from openai import OpenAI",
             f'  client = OpenAI(base_url="{url}/v1", api_key="unused")',

@@ -79,6 +79,14 @@ class NoHealthyBackend(GatewayError):
     code = "no_healthy_backend"
 
 
+class CacheUnavailable(GatewayError):
+    """The response cache's store does not answer (an admin view only: requests fail open)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "cache_unavailable"
+
+
 class UpstreamUnreachable(GatewayError):
     """Every attempt failed to connect, or the connection broke before the response began."""
 

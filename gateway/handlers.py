@@ -12,6 +12,8 @@ import orjson
 from aiohttp import web
 
 from gateway.admission import GATE, job_of
+from gateway.cache.http import admin_cache, consult
+from gateway.cache.keys import Kind
 from gateway.errors import BodyTooLarge, ModelNotFound
 from gateway.keys import (
     ARRIVED_AT,
@@ -34,6 +36,7 @@ from gateway.schemas import (
 )
 
 JSON = "application/json"
+KINDS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "text"}
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -60,6 +63,13 @@ async def _complete(
     observation = request[OBSERVATION]
     note_request(observation, body.model, body.stream, data)
     model = app[SETTINGS].model_aliases.get(body.model, body.model)
+    fleet = app[FLEET]
+    if not any(model in fleet.models_of(spec.id) for spec in fleet.specs):
+        raise ModelNotFound(f"the model {body.model!r} does not exist", param="model")
+    cached = await consult(request, KINDS[path], data, model, stream=body.stream,
+                           include_usage=body.include_usage)
+    if isinstance(cached, web.StreamResponse):
+        return cached
     # The client's bytes go upstream unchanged unless the model is an alias or a stream's usage
     # must be asked for: the gateway learns each backend's speed from its streams' token counts.
     strip_usage = body.stream and not body.include_usage and app[SETTINGS].server.stream_usage
@@ -71,9 +81,6 @@ async def _complete(
         data["model"] = model
     if strip_usage or model != body.model:
         raw = orjson.dumps(data)
-    fleet = app[FLEET]
-    if not any(model in fleet.models_of(spec.id) for spec in fleet.specs):
-        raise ModelNotFound(f"the model {body.model!r} does not exist", param="model")
     routing = app[SETTINGS].routing
     job = job_of(request, data, model=model, request_id=request[REQUEST_ID],
                  max_tokens=body.output_cap, stream=body.stream,
@@ -92,6 +99,7 @@ async def _complete(
         trace=observation.trace,
         strip_usage=strip_usage,
         choices=body.n or 1,
+        tap=cached,
     )
     return await app[PROXY].forward(request, call)
 
@@ -136,3 +144,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/admin/backends", admin_backends)
+    app.router.add_get("/admin/cache", admin_cache)

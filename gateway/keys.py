@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from gateway.cache.cache import ResponseCache
 from gateway.config import Settings
 from gateway.observation import Observation
 from gateway.proxy import Proxy
@@ -32,3 +33,5 @@ TELEMETRY = web.AppKey("telemetry", Telemetry)
 # times, e.g. admission's `queue_start` / `queue_end`.
 OBSERVATION = web.RequestKey("observation", Observation)
 TIMING = web.RequestKey("timing", RequestTiming)
+# The response cache (gateway/cache); absent when `cache.enabled` is false.
+CACHE = web.AppKey("cache", ResponseCache)

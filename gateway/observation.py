@@ -7,7 +7,8 @@ writes what it knows into it, in place:
 - the handler: `request_model`, `stream` and, only when prompt logging is on, `prompt`
   (`note_request`);
 - admission: `timing.queue_start` / `timing.queue_end`, `admission` and `rejection_reason`;
-- the cache: `timing.cache_start` / `timing.cache_end` and `cache`; small-model routing:
+- the cache: `timing.cache_start` / `timing.cache_end` and `cache`, and on a hit
+  `response_model`, `usage` and (streams) `timing.first_byte`; small-model routing:
   `small_model`;
 - the proxy: `timing.route_*`, `dispatch`, `connected`, `first_byte`, and its `Outcome`.
 
@@ -38,6 +39,9 @@ class Observation:
     rejection_reason: str | None = None
     small_model: bool | None = None
     prompt: str | None = None
+    # A cache hit's: the model that produced the replayed answer, and its usage.
+    response_model: str | None = None
+    usage: dict[str, Any] | None = None
     outcome: Outcome | None = None  # the proxy's report, when the request got that far
 
 

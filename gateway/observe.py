@@ -184,7 +184,7 @@ class Observer:
     ) -> RequestOutcome:
         outcome = observation.outcome
         backend = outcome.backend_id if outcome is not None else None
-        usage: object = outcome.usage if outcome is not None else None
+        usage: object = outcome.usage if outcome is not None else observation.usage
         if usage is None and isinstance(response, web.Response) and status == 200:
             usage = body_usage(response.body)
         input_tokens, output_tokens = _tokens(usage)
@@ -199,7 +199,8 @@ class Observer:
             request_model=observation.request_model or UNKNOWN_MODEL,
             status=status,
             stream=outcome.stream if outcome is not None else observation.stream,
-            response_model=outcome.model if outcome is not None and backend else None,
+            response_model=outcome.model if outcome is not None and backend
+            else observation.response_model,
             backend=backend,
             policy=outcome.policy if outcome is not None else None,
             cache=observation.cache,
@@ -226,10 +227,14 @@ def _tokens(usage: object) -> tuple[int | None, int | None]:
 
 
 async def stamp_timing(request: web.Request, response: web.StreamResponse) -> None:
-    """`server-timing` and `x-kvgate-queue-ms` (arrival → dispatch), from what is known now."""
+    """`server-timing`, `x-kvgate-queue-ms` (arrival → dispatch) and, on the completion
+    endpoints, `x-kvgate-cache` (a hit sets its own), from what is known now."""
     timing = request.get(TIMING)
     if timing is None:
         return
+    observation = request.get(OBSERVATION)
+    if observation is not None and "x-kvgate-cache" not in response.headers:
+        response.headers["x-kvgate-cache"] = observation.cache
     value = server_timing(timing)
     if value:
         response.headers["server-timing"] = value

@@ -57,6 +57,14 @@ class FleetView(Protocol):
     def record_success(self, backend_id: str, now: float) -> None: ...
 
 
+class AnswerTap(Protocol):
+    """Sees a successful answer as it is relayed (the cache's store side, gateway/cache)."""
+
+    def stream_lines(self, lines: bytes) -> None: ...  # complete SSE lines, as the client gets them
+    def stream_ended(self, usage: dict[str, Any] | None) -> None: ...  # ended whole, no failure
+    def whole(self, body: bytes) -> None: ...  # a 200 JSON answer
+
+
 class Gate(Protocol):
     """Admission and routing (gateway/admission.py's Gate): a placed attempt holds its lease
     until `finish`; `reroute` finishes a failed one and places the request elsewhere."""
@@ -87,6 +95,7 @@ class UpstreamCall:
     # event is dropped from the relayed stream (gateway/sse.py).
     strip_usage: bool = False
     choices: int = 1  # the body's `n`: usage and text events count every choice's tokens
+    tap: AnswerTap | None = None  # a cache miss: the answer is stored once it ended whole
     routed: Routed = field(default_factory=Routed)  # the proxy's record of admission and route
 
 
@@ -317,6 +326,8 @@ class Proxy:
             self._fleet.record_failure(backend_id, self._clock())
             return _Retry(response)
         self._fleet.record_success(backend_id, self._clock())
+        if status == 200 and call.tap is not None:
+            call.tap.whole(body)
         self._finish(call, decision, status, attempt, None, None if status < 400 else "status")
         return response
 
@@ -353,11 +364,14 @@ class Proxy:
             }
         )
         failure: str | None = None
+        tap = call.tap
         try:
             await response.prepare(request)
             out = observer.feed(first)
             if out:
                 await response.write(out)
+                if tap is not None:
+                    tap.stream_lines(out)
             # The hot loop: read what arrived, note what matters, write it on at once.
             while True:
                 try:
@@ -371,12 +385,18 @@ class Proxy:
                 out = observer.feed(chunk)
                 if out:
                     await response.write(out)
+                    if tap is not None:
+                        tap.stream_lines(out)
             if failure is None:
                 tail = observer.finish()
                 if tail:
                     await response.write(tail)
+                    if tap is not None:
+                        tap.stream_lines(tail)
                 if not observer.complete:
                     failure = f"backend {backend_id} ended the stream before it finished"
+                elif tap is not None and observer.error is None:
+                    tap.stream_ended(observer.usage)
             if failure is not None:
                 await response.write(error_event(failure, code="upstream_stream_failed"))
                 await response.write(DONE_EVENT)

@@ -1,11 +1,13 @@
 """`kvgate serve`: the gateway in the foreground, and `running_gateway` for tests and the demo.
 
     kvgate serve --config FILE [--host H] [--port P]
-    kvgate serve --backend URL [--backend URL ...] [--host H] [--port P]
+    kvgate serve --backend URL [--backend URL ...] [--host H] [--port P] [--redis URL]
 
 With `--backend` (repeatable) each backend's models are discovered from its /v1/models; given with
 `--config` the flags replace the file's backends. Flags override `KVGATE_*` variables, which
-override the file (see gateway/config.py). Runs on uvloop until SIGINT or SIGTERM.
+override the file (see gateway/config.py). `--redis URL` turns the response cache on with its
+entries in that Redis (shared by every gateway replica pointed at it). Runs on uvloop until SIGINT
+or SIGTERM.
 """
 
 from __future__ import annotations
@@ -99,6 +101,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="TCP port (default 8000; 0: any free port)")
     parser.add_argument(
+        "--redis", metavar="URL",
+        help="turn the response cache on, stored in this Redis (redis://host:port/db)",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=LOG_LEVELS, help="logging level (default info)"
     )
     parser.set_defaults(func=run)
@@ -113,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {"server": server} if server else {}
     if args.backend:
         overrides["backends"] = [{"url": url} for url in args.backend]
+    if args.redis is not None:
+        overrides["cache"] = {"enabled": True, "store": "redis", "redis_url": args.redis}
     settings = load_settings(args.config, overrides=overrides)
     if not settings.backends:
         raise UsageError("no backends: pass --backend URL or a --config file with backends")

@@ -1,0 +1,264 @@
+"""A cached answer: what the cache keeps of one completion, and how it is served again.
+
+The cache keeps only what it can replay faithfully: one choice of plain text that ended with
+`stop` or `length`, the model that wrote it and its token counts. Anything richer (tool calls,
+refusals, reasoning text, several choices, errors, streams cut short) is not cached at all, so a
+hit never serves an answer that lost something the backend said.
+
+Answers come from a backend's JSON body (`answer_from_body`) or from a relayed SSE stream
+(`StreamCollector`, fed the same whole lines the client gets), and are served back as an OpenAI
+JSON body (`render_json`) or as an OpenAI event stream (`render_events`). Everything here is pure.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.cache.keys import Kind
+
+_FINISH_REASONS = ("stop", "length")
+_KINDS = ("chat", "text")
+# Message fields the cache cannot replay: a message carrying any of them (non-empty) is not kept.
+_UNCACHEABLE = ("tool_calls", "function_call", "refusal", "reasoning_content", "reasoning")
+# A word with the whitespace after it (leading whitespace rides on the first word); whitespace-only
+# text is one piece. The matches tile the text, so "".join(pieces) == text.
+_PIECE = re.compile(r"\s*\S+\s*|\s+")
+_DONE_EVENT = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class CachedAnswer:
+    kind: Kind
+    model: str  # the model that produced it (the response's "model")
+    text: str
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps({
+            "kind": self.kind, "model": self.model, "text": self.text,
+            "finish_reason": self.finish_reason, "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        })
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> CachedAnswer:
+        """The answer `to_bytes` wrote; ValueError when `raw` is not one."""
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"cached answer is not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError("cached answer is not a JSON object")
+        kind, model, text = data.get("kind"), data.get("model"), data.get("text")
+        finish_reason = data.get("finish_reason")
+        if kind not in _KINDS or not isinstance(model, str) or not isinstance(text, str):
+            raise ValueError("cached answer lacks a valid kind, model or text")
+        if finish_reason not in _FINISH_REASONS:
+            raise ValueError(f"cached answer has finish_reason {finish_reason!r}")
+        counts = [data.get("prompt_tokens"), data.get("completion_tokens")]
+        if any(c is not None and _token_count(c) is None for c in counts):
+            raise ValueError("cached answer has a malformed token count")
+        return cls(kind=kind, model=model, text=text, finish_reason=finish_reason,
+                   prompt_tokens=counts[0], completion_tokens=counts[1])
+
+
+def answer_from_body(kind: Kind, body: bytes) -> CachedAnswer | None:
+    """The answer in a backend's 200 JSON body, or None when it is not one the cache may keep:
+    exactly one choice of text (no tool calls, refusal or reasoning) ending in stop or length."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or "error" in data:
+        return None
+    model, choices = data.get("model"), data.get("choices")
+    if not isinstance(model, str) or not isinstance(choices, list) or len(choices) != 1:
+        return None
+    choice = choices[0]
+    if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+        return None
+    finish_reason = choice.get("finish_reason")
+    if finish_reason not in _FINISH_REASONS:
+        return None
+    if kind == "chat":
+        message = choice.get("message")
+        if not isinstance(message, dict) or _has_uncacheable(message):
+            return None
+        text = message.get("content")
+    else:
+        text = choice.get("text")
+    if not isinstance(text, str):
+        return None
+    usage = data.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    return CachedAnswer(kind=kind, model=model, text=text, finish_reason=finish_reason,
+                        prompt_tokens=_token_count(usage.get("prompt_tokens")),
+                        completion_tokens=_token_count(usage.get("completion_tokens")))
+
+
+class StreamCollector:
+    """Collects the answer of one relayed SSE stream (fed the same complete lines the client
+    gets; parses each `data:` line with orjson; cost matters little, it runs only on misses)."""
+
+    __slots__ = ("_kind", "_carry", "_pieces", "_model", "_finish_reason", "_usage", "_seen",
+                 "_spoiled")
+
+    def __init__(self, kind: Kind) -> None:
+        self._kind: Kind = kind
+        self._carry = b""  # an unterminated last line, completed by the next feed
+        self._pieces: list[str] = []
+        self._model: str | None = None
+        self._finish_reason: str | None = None  # the last non-null one
+        self._usage: dict[str, Any] = {}
+        self._seen = False  # a choice with index 0 arrived
+        self._spoiled = False  # something the cache cannot replay arrived: stop looking
+
+    def feed(self, lines: bytes) -> None:
+        """One or more complete lines (may hold many events, and blank or comment lines)."""
+        if self._spoiled:
+            return
+        if self._carry:
+            lines = self._carry + lines
+            self._carry = b""
+        end = lines.rfind(b"\n") + 1
+        self._carry = lines[end:]
+        for line in lines[:end].split(b"\n"):
+            if line.startswith(b"data:"):
+                self._read(line[5:].strip())
+                if self._spoiled:
+                    return
+
+    def answer(self) -> CachedAnswer | None:
+        """The stream's answer; None unless exactly choice index 0 was seen, text only (no tool
+        call deltas), a finish_reason of stop/length, and no error event."""
+        finish_reason, model = self._finish_reason, self._model
+        if (self._spoiled or not self._seen or model is None or finish_reason is None
+                or finish_reason not in _FINISH_REASONS):
+            return None
+        return CachedAnswer(kind=self._kind, model=model, text="".join(self._pieces),
+                            finish_reason=finish_reason,
+                            prompt_tokens=_token_count(self._usage.get("prompt_tokens")),
+                            completion_tokens=_token_count(self._usage.get("completion_tokens")))
+
+    def _read(self, payload: bytes) -> None:
+        if payload == b"[DONE]":
+            return
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            event = None
+        if not isinstance(event, dict) or "error" in event:
+            self._spoiled = True
+            return
+        if self._model is None and isinstance(event.get("model"), str):
+            self._model = event["model"]
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            self._usage = usage
+        choices = event.get("choices", [])
+        if not isinstance(choices, list):
+            self._spoiled = True
+            return
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                self._spoiled = True
+                return
+            self._seen = True
+            if self._kind == "chat":
+                delta = choice.get("delta")
+                if not isinstance(delta, dict) or _has_uncacheable(delta):
+                    self._spoiled = True
+                    return
+                text = delta.get("content")
+            else:
+                text = choice.get("text")
+            if isinstance(text, str):
+                self._pieces.append(text)
+            elif text is not None:
+                self._spoiled = True
+                return
+            finish_reason = choice.get("finish_reason")
+            if isinstance(finish_reason, str):
+                self._finish_reason = finish_reason
+
+
+def render_json(answer: CachedAnswer, *, response_id: str, created: int) -> bytes:
+    """The OpenAI response body for `answer` (usage omitted when its counts are unknown)."""
+    choice: dict[str, Any]
+    if answer.kind == "chat":
+        obj = "chat.completion"
+        choice = {"index": 0, "message": {"role": "assistant", "content": answer.text},
+                  "logprobs": None, "finish_reason": answer.finish_reason}
+    else:
+        obj = "text_completion"
+        choice = {"index": 0, "text": answer.text, "logprobs": None,
+                  "finish_reason": answer.finish_reason}
+    body: dict[str, Any] = {"id": response_id, "object": obj, "created": created,
+                            "model": answer.model, "choices": [choice]}
+    usage = _usage(answer)
+    if usage is not None:
+        body["usage"] = usage
+    return orjson.dumps(body)
+
+
+def render_events(answer: CachedAnswer, *, response_id: str, created: int,
+                  include_usage: bool) -> list[bytes]:
+    """The OpenAI event stream for `answer`, one SSE event per item, ending with `[DONE]`: a word
+    or so of text per event. With `include_usage`, every chunk carries `"usage": null` and a
+    usage-only chunk (`"choices": []`) precedes `[DONE]`; it is left out when the counts are
+    unknown, as the cache has nothing true to say."""
+    chat = answer.kind == "chat"
+    head: dict[str, Any] = {"id": response_id,
+                            "object": "chat.completion.chunk" if chat else "text_completion",
+                            "created": created, "model": answer.model}
+
+    def event(choice: dict[str, Any]) -> bytes:
+        chunk = {**head, "choices": [choice]}
+        if include_usage:
+            chunk["usage"] = None
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    def text_choice(piece: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish_reason}
+
+    def delta_choice(delta: dict[str, str], finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+    pieces = _PIECE.findall(answer.text)
+    if chat:
+        events = [event(delta_choice({"role": "assistant", "content": ""}, None))]
+        events += [event(delta_choice({"content": piece}, None)) for piece in pieces]
+        events.append(event(delta_choice({}, answer.finish_reason)))
+    else:
+        events = [event(text_choice(piece, None)) for piece in pieces]
+        events.append(event(text_choice("", answer.finish_reason)))
+    usage = _usage(answer)
+    if include_usage and usage is not None:
+        events.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}) + b"\n\n")
+    events.append(_DONE_EVENT)
+    return events
+
+
+def _has_uncacheable(message: dict[str, Any]) -> bool:
+    """Whether a chat message or delta carries something besides its text (tool calls, a
+    refusal, reasoning); empty values (vLLM's `"tool_calls": []`) do not count."""
+    return any(message.get(key) for key in _UNCACHEABLE)
+
+
+def _token_count(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def _usage(answer: CachedAnswer) -> dict[str, int] | None:
+    if answer.prompt_tokens is None or answer.completion_tokens is None:
+        return None
+    return {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens,
+            "total_tokens": answer.prompt_tokens + answer.completion_tokens}

@@ -1,0 +1,230 @@
+"""`ResponseCache`: the gateway's two cache tiers over one store, failing open.
+
+A lookup walks the tiers in order: `exact` (the canonical request's hash, gateway/cache/keys.py),
+then `semantic` (the nearest earlier question, by the embedder's cosine similarity, among the
+entries that share everything but the question: same model, parameters, system prompt and earlier
+turns). A miss hands the proxy a `CacheTap`, which sees the answer as it is relayed and stores it
+once it ended whole.
+
+The cache must never be why a request fails or waits: every store call runs under `timeout_s`,
+and an error or a timeout counts as a miss (or a store not made), is logged at most once per
+`ERROR_LOG_INTERVAL_S`, and turns the cache off for `COOLDOWN_S` so a Redis that went away costs
+one timeout, not one per request. Stores run as tasks after the answer went out; `close` awaits
+the ones still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, TypeVar
+
+from gateway.cache.answer import CachedAnswer, StreamCollector, answer_from_body
+from gateway.cache.keys import Bypass, CacheKey, Kind, cache_key
+from gateway.cache.store import CacheStore, Entry
+from gateway.cache.vectors import Vector
+
+log = logging.getLogger("kvgate.cache")
+
+COOLDOWN_S = 5.0  # after a store error or timeout, the cache is skipped this long
+ERROR_LOG_INTERVAL_S = 60.0
+EXACT = "exact"
+SEMANTIC = "semantic"
+
+T = TypeVar("T")
+
+
+class Embedder(Protocol):
+    name: str
+
+    async def embed(self, text: str) -> Vector: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    tier: str  # EXACT or SEMANTIC: the x-kvgate-cache value
+    answer: CachedAnswer
+    similarity: float  # 1.0 for an exact hit
+    entry_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What a lookup found; `vector` (the question's embedding) is kept to store the answer."""
+
+    hit: Hit | None
+    vector: Vector | None
+
+
+class ResponseCache:
+    def __init__(
+        self,
+        store: CacheStore,
+        embedder: Embedder | None,
+        *,
+        threshold: float,
+        max_temperature: float | None = None,
+        timeout_s: float = 0.25,
+        wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self._embedder = embedder  # None: the exact tier only
+        self._threshold = threshold
+        self._max_temperature = max_temperature
+        self._timeout_s = timeout_s
+        self._wall_clock = wall_clock
+        self._clock = clock
+        self._down_until = float("-inf")
+        self._last_error_log = float("-inf")
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def key(self, kind: Kind, body: Mapping[str, Any], model: str) -> CacheKey | Bypass:
+        return cache_key(kind, body, model, max_temperature=self._max_temperature)
+
+    @property
+    def available(self) -> bool:
+        """False while cooling down after a store failure: requests go by as `bypass`."""
+        return self._clock() >= self._down_until
+
+    async def lookup(self, key: CacheKey) -> Lookup:
+        """The answer stored for `key` or for the nearest question; a failing store is a miss."""
+        entry = await self._guarded(self.store.get(key.id), None)
+        if entry is not None:
+            answer = self._decode(entry)
+            if answer is not None:
+                self._count(EXACT)
+                return Lookup(Hit(EXACT, answer, 1.0, entry.id), None)
+        vector = await self.embedding(key)
+        if vector:
+            found = await self._guarded(
+                self.store.nearest(self._space(key), vector, self._threshold), None)
+            if found is not None:
+                near, similarity = found
+                answer = self._decode(near)
+                if answer is not None:
+                    self._count(SEMANTIC)
+                    return Lookup(Hit(SEMANTIC, answer, similarity, near.id), vector)
+        self._count("miss")
+        return Lookup(None, vector)
+
+    async def embedding(self, key: CacheKey) -> Vector | None:
+        """The question's vector for the semantic tier; None when there is no question or no
+        embedder."""
+        if self._embedder is None or not key.query:
+            return None
+        return await self._embedder.embed(key.query)
+
+    def tap(self, key: CacheKey, vector: Vector | None) -> CacheTap:
+        return CacheTap(self, key, vector)
+
+    def keep(self, key: CacheKey, vector: Vector | None, answer: CachedAnswer) -> None:
+        """Store `answer` in the background (the client already has it)."""
+        entry = Entry(id=key.id, namespace=self._space(key), vector=vector or None,
+                      answer=answer.to_bytes(), model=answer.model, query=key.query or "",
+                      created=self._wall_clock())
+        self._background(self._put(entry))
+
+    def _space(self, key: CacheKey) -> str:
+        """The store's namespace: the key's, within the embedder's own vector space (vectors of
+        two embedders, or two versions of one, are not comparable)."""
+        name = self._embedder.name if self._embedder is not None else "exact"
+        return f"{name}/{key.namespace}"
+
+    async def close(self) -> None:
+        """Waits for the stores still running, then closes the store."""
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        await self.store.close()
+
+    async def _put(self, entry: Entry) -> None:
+        await self._guarded(self.store.put(entry), None)
+        await self._guarded(self.store.bump("store"), None)
+
+    def _count(self, counter: str) -> None:
+        """The store's shared counters (`kvgate cache stats`), bumped off the request's path."""
+        self._background(self._guarded(self.store.bump(counter), None))
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def _decode(self, entry: Entry) -> CachedAnswer | None:
+        try:
+            return CachedAnswer.from_bytes(entry.answer)
+        except ValueError as exc:
+            self._failed(f"entry {entry.id[:12]} is not a cached answer ({exc})", cooldown=False)
+            return None
+
+    async def _guarded(self, call: Awaitable[T], default: T) -> T:
+        if not self.available:
+            _close(call)
+            return default
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await call
+        except TimeoutError:
+            self._failed(f"the cache store did not answer within {self._timeout_s:g} s")
+        except Exception as exc:  # a cache fault must never fail the request
+            self._failed(f"the cache store failed: {type(exc).__name__}: {exc}")
+        return default
+
+    def _failed(self, message: str, *, cooldown: bool = True) -> None:
+        now = self._clock()
+        if cooldown:
+            self._down_until = now + COOLDOWN_S
+        if now - self._last_error_log >= ERROR_LOG_INTERVAL_S:
+            self._last_error_log = now
+            suffix = f"; skipping the cache for {COOLDOWN_S:g} s" if cooldown else ""
+            log.warning("%s%s", message, suffix)
+
+
+class CacheTap:
+    """The proxy's view of the cache on a miss: sees the relayed answer, stores it if whole."""
+
+    __slots__ = ("_cache", "_key", "_vector", "_collector")
+
+    def __init__(self, cache: ResponseCache, key: CacheKey, vector: Vector | None) -> None:
+        self._cache = cache
+        self._key = key
+        self._vector = vector
+        self._collector: StreamCollector | None = None
+
+    def stream_lines(self, lines: bytes) -> None:
+        """Complete SSE lines as relayed to the client."""
+        if self._collector is None:
+            self._collector = StreamCollector(self._key.kind)
+        self._collector.feed(lines)
+
+    def stream_ended(self, usage: dict[str, Any] | None) -> None:
+        """The stream ended whole (no failure): store what it said, if it can be replayed.
+        `usage` is the stream's usage object, which the client may not have been sent."""
+        answer = self._collector.answer() if self._collector is not None else None
+        if answer is None:
+            return
+        if answer.completion_tokens is None and usage is not None:
+            answer = replace(answer, prompt_tokens=_token_count(usage, "prompt_tokens"),
+                             completion_tokens=_token_count(usage, "completion_tokens"))
+        self._cache.keep(self._key, self._vector, answer)
+
+    def whole(self, body: bytes) -> None:
+        """A 200 JSON answer."""
+        answer = answer_from_body(self._key.kind, body)
+        if answer is not None:
+            self._cache.keep(self._key, self._vector, answer)
+
+
+def _token_count(usage: Mapping[str, Any], name: str) -> int | None:
+    value = usage.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _close(call: Awaitable[Any]) -> None:
+    """A coroutine that will not be awaited is closed, so Python does not warn of it."""
+    close = getattr(call, "close", None)
+    if close is not None:
+        close()

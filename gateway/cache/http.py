@@ -1,0 +1,120 @@
+"""The cache on the request path: look the request up, replay a hit, or hand the proxy a tap.
+
+`consult` runs in the completion handler once the body is valid and its model known, before the
+request reaches admission: a hit never queues, never takes a lease and never touches a backend.
+Its answer is replayed in the shape the client asked for, a JSON body or an SSE stream (with the
+usage chunk when `stream_options.include_usage` is set), with `x-kvgate-cache: exact|semantic`,
+`x-kvgate-model` and no `x-kvgate-backend`.
+
+The client steers it per request with `Cache-Control` (RFC 9111's request directives):
+`no-cache` skips the lookup (the fresh answer is still stored), `no-store` keeps the answer out
+of the cache. Either way the request is `bypass` when no lookup ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway.cache.answer import CachedAnswer, render_events, render_json
+from gateway.cache.cache import CacheTap, Hit
+from gateway.cache.keys import Bypass, Kind
+from gateway.errors import CacheUnavailable
+from gateway.keys import CACHE, CLOCK, OBSERVATION, SETTINGS
+from gateway.telemetry.outcome import CACHE_MISS
+
+CACHE_HEADER = "x-kvgate-cache"
+_ID_PREFIX: Mapping[Kind, str] = {"chat": "chatcmpl-", "text": "cmpl-"}
+
+
+async def consult(request: web.Request, kind: Kind, body: Mapping[str, Any], model: str, *,
+                  stream: bool, include_usage: bool) -> web.StreamResponse | CacheTap | None:
+    """A replayed hit, a tap to store the answer of a miss, or None (no cache, or bypassed).
+    `body` is the client's request as parsed, `model` the real model it resolves to."""
+    cache = request.app.get(CACHE)
+    if cache is None or not cache.available:
+        return None
+    key = cache.key(kind, body, model)
+    if isinstance(key, Bypass):
+        return None
+    directives = cache_directives(request.headers.get("Cache-Control", ""))
+    store = "no-store" not in directives
+    if "no-cache" in directives:
+        return cache.tap(key, await cache.embedding(key)) if store else None
+    observation = request[OBSERVATION]
+    clock = request.app[CLOCK]
+    observation.timing.cache_start = clock()
+    found = await cache.lookup(key)
+    observation.timing.cache_end = clock()
+    if found.hit is not None:
+        return await replay(request, found.hit, kind, stream=stream, include_usage=include_usage)
+    observation.cache = CACHE_MISS
+    return cache.tap(key, found.vector) if store else None
+
+
+def cache_directives(value: str) -> frozenset[str]:
+    """The directive names of a Cache-Control header, lower-cased (`max-age=0` → `max-age`)."""
+    return frozenset(
+        part.split("=", 1)[0].strip().lower() for part in value.split(",") if part.strip()
+    )
+
+
+async def replay(request: web.Request, hit: Hit, kind: Kind, *, stream: bool,
+                 include_usage: bool) -> web.StreamResponse:
+    answer = hit.answer
+    observation = request[OBSERVATION]
+    observation.cache = hit.tier
+    observation.response_model = answer.model
+    observation.usage = usage_of(answer)
+    response_id = _ID_PREFIX[kind] + uuid.uuid4().hex
+    created = int(time.time())
+    headers = {CACHE_HEADER: hit.tier, "x-kvgate-model": answer.model}
+    if not stream:
+        return web.Response(body=render_json(answer, response_id=response_id, created=created),
+                            content_type="application/json", headers=headers)
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no", **headers})
+    events = render_events(answer, response_id=response_id, created=created,
+                           include_usage=include_usage)
+    with contextlib.suppress(ConnectionResetError):  # the client left: nothing more to do
+        await response.prepare(request)
+        # The whole answer is known: one write, so its first token leaves now.
+        observation.timing.first_byte = request.app[CLOCK]()
+        await response.write(b"".join(events))
+        await response.write_eof()
+    return response
+
+
+def usage_of(answer: CachedAnswer) -> dict[str, int] | None:
+    if answer.prompt_tokens is None or answer.completion_tokens is None:
+        return None
+    return {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens,
+            "total_tokens": answer.prompt_tokens + answer.completion_tokens}
+
+
+async def admin_cache(request: web.Request) -> web.Response:
+    """GET /admin/cache: the store's entries and shared counters (`kvgate cache stats` for any
+    store, the in-memory one included)."""
+    cache = request.app.get(CACHE)
+    if cache is None:
+        return web.json_response({"enabled": False}, dumps=_dumps)
+    settings = request.app[SETTINGS].cache
+    try:
+        entries, counters = await cache.store.count(), await cache.store.counters()
+    except Exception as exc:
+        raise CacheUnavailable(f"the cache store does not answer: {type(exc).__name__}") from exc
+    return web.json_response({
+        "enabled": True, "store": settings.store, "available": cache.available,
+        "semantic": settings.semantic, "similarity_threshold": settings.similarity_threshold,
+        "entries": entries, "counters": counters}, dumps=_dumps)
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
