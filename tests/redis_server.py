@@ -1,87 +1,46 @@
-"""`running_redis()`: a throwaway redis-server on loopback for one test, started and stopped here.
-
-The server is ours alone: a free 127.0.0.1 port, no persistence (`--save ""`, `--appendonly no`),
-its working directory a temporary one. It never touches a server it did not start: a port someone
-took between our probe and the server's bind makes the server exit, and we try another port.
-"""
+"""Redis for the tests: `loadtest.redis_server.running_redis` (a throwaway redis-server on a free
+loopback port, stopped at exit) that skips the test when redis-server is not installed, and a
+synchronous form for tests of code that runs its own event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import tempfile
-from collections.abc import AsyncIterator
-from pathlib import Path
+import threading
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from tests.paths import free_port
-
-START_DEADLINE_S = 10.0
-STOP_DEADLINE_S = 5.0
-PORT_ATTEMPTS = 3
+from loadtest import redis_server
 
 
 @contextlib.asynccontextmanager
 async def running_redis() -> AsyncIterator[str]:
-    """Yields "redis://127.0.0.1:PORT/0" of a redis-server that answers PING; terminates it (and
-    kills it if it will not stop) on exit. Skips the test only when redis-server is not on PATH."""
-    binary = shutil.which("redis-server")
-    if binary is None:
+    """Yields "redis://127.0.0.1:PORT/0" of a redis-server of this test's own; skips the test
+    only when redis-server is not on PATH."""
+    if not redis_server.redis_available():
         pytest.skip("redis-server is not on PATH (apt-get install redis-server)")
-    with tempfile.TemporaryDirectory(prefix="kvgate-redis-") as workdir:
-        log_path = Path(workdir) / "redis.log"
-        for _ in range(PORT_ATTEMPTS):
-            port = free_port()
-            with log_path.open("wb") as log:
-                proc = await asyncio.create_subprocess_exec(
-                    binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                    "--appendonly", "no", "--dir", workdir,
-                    stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                )
-            try:
-                if await _answers_ping(proc, port):
-                    yield f"redis://127.0.0.1:{port}/0"
-                    return
-            finally:
-                await _stop(proc)
-        raise RuntimeError(f"redis-server did not start after {PORT_ATTEMPTS} ports; its log:\n"
-                           + log_path.read_text(errors="replace"))
+    async with redis_server.running_redis() as url:
+        yield url
 
 
-async def _answers_ping(proc: asyncio.subprocess.Process, port: int) -> bool:
-    """Polls PING until +PONG (True) or until the server exited, e.g. the port was taken (False);
-    fails after START_DEADLINE_S."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + START_DEADLINE_S
-    while proc.returncode is None:
-        with contextlib.suppress(OSError):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            try:
-                writer.write(b"PING\r\n")
-                await writer.drain()
-                if await asyncio.wait_for(reader.readline(), START_DEADLINE_S) == b"+PONG\r\n":
-                    return True
-            finally:
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
-        if loop.time() > deadline:
-            raise TimeoutError(f"redis-server on port {port} did not answer PING"
-                               f" within {START_DEADLINE_S} s")
-        await asyncio.sleep(0.01)
-    return False
-
-
-async def _stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.terminate()
+@contextlib.contextmanager
+def running_redis_sync() -> Iterator[str]:
+    """`running_redis()` for a synchronous test, e.g. one calling code that runs its own
+    `asyncio.run`: an event loop in a background thread starts the server and later stops it,
+    so the test's thread has no loop of its own. A skip or failure to start is raised here."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="running_redis_sync", daemon=True)
+    thread.start()
+    try:
+        server = running_redis()
+        url = asyncio.run_coroutine_threadsafe(server.__aenter__(), loop).result()
         try:
-            await asyncio.wait_for(proc.wait(), STOP_DEADLINE_S)
-        except TimeoutError:
-            pass
+            yield url
         finally:
-            if proc.returncode is None:  # it would not stop, or we were cancelled
-                proc.kill()
-    await proc.wait()
+            # None: the server stops the same way whether or not the test passed.
+            asyncio.run_coroutine_threadsafe(server.__aexit__(None, None, None), loop).result()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()

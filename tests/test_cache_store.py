@@ -412,7 +412,8 @@ async def test_redis_flush_deletes_only_keys_under_its_prefix(redis_url: str,
         # "kv*:" is a literal prefix, not a pattern that would match "kvgate:cache:..."
         assert await globby.flush() == 2
         assert sorted(await raw.keys("*")) == [
-            b"kvgate:cache:all", b"kvgate:cache:e:theirs", b"kvgate:cache:ns:ns", b"other:x"]
+            b"kvgate:cache:all", b"kvgate:cache:e:theirs", b"kvgate:cache:ns:ns",
+            b"kvgate:cache:nv:ns", b"other:x"]
         assert await shared.flush() == 1
         assert await raw.keys("*") == [b"other:x"]
         assert await raw.get("other:x") == b"keep"
@@ -473,14 +474,16 @@ async def test_redis_drops_ids_whose_hash_is_gone_when_met(redis_url: str,
                                                            raw: redis.Redis) -> None:
     store = RedisStore.from_url(redis_url, ttl_s=None)
     try:
-        await store.put(entry("gone", created=1.0))
-        await store.put(entry("kept", created=2.0))
+        await store.put(entry("gone", created=1.0))  # the best match for A
+        await store.put(entry("kept", created=2.0, vector=B))
         await raw.delete("kvgate:cache:e:gone")  # as if it expired or Redis evicted it
         assert [e.id for e in await store.entries()] == ["kept"]
         assert await store.count() == 1
         assert await raw.zrange("kvgate:cache:all", 0, -1) == [b"kept"]
-        assert (await store.nearest("ns", A, 0.0) or (None,))[0] == entry("kept", created=2.0)
+        found = await store.nearest("ns", A, -1.0)
+        assert found is not None and found[0] == entry("kept", created=2.0, vector=B)
         assert await raw.zrange("kvgate:cache:ns:ns", 0, -1) == [b"kept"]
+        assert await raw.hkeys("kvgate:cache:nv:ns") == [b"kept"]
     finally:
         await store.close()
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import math
 import sys
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -64,9 +65,12 @@ def entry_from_json(line: str, number: int) -> Entry:
         answer = orjson.dumps(data["answer"])
         CachedAnswer.from_bytes(answer)  # only replayable answers go in
         vector = data.get("vector")
+        created = float(data["created"])
+        if not math.isfinite(created):  # Redis refuses a NaN score: it would fail mid-import
+            raise ValueError(f"created is not a finite number: {data['created']!r}")
         return Entry(
             id=_text(data["id"]), namespace=_text(data["namespace"]), model=_text(data["model"]),
-            query=str(data.get("query") or ""), created=float(data["created"]), answer=answer,
+            query=str(data.get("query") or ""), created=created, answer=answer,
             vector=None if vector is None else decode_vector(base64.b64decode(vector)))
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise UsageError(f"import line {number}: not a cache entry ({type(exc).__name__}: {exc})"
@@ -146,15 +150,16 @@ async def show(store: RedisStore, args: argparse.Namespace, out: TextIO) -> None
 
 async def rm(store: RedisStore, args: argparse.Namespace, out: TextIO) -> None:
     entries = [await resolve(store, given) for given in args.ids]
+    removed = 0  # what was deleted: two IDs may name one entry
     for entry in entries:
-        await store.delete(entry.id)
-    out.write(f"removed {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}\n")
+        removed += await store.delete(entry.id)
+    out.write(f"removed {_entries(removed)}\n")
 
 
 async def flush(store: RedisStore, args: argparse.Namespace, out: TextIO) -> None:
     if not args.yes:
         raise UsageError("flush removes every cache entry under the prefix: add --yes")
-    out.write(f"removed {await store.flush()} entries\n")
+    out.write(f"removed {_entries(await store.flush())}\n")
 
 
 async def export(store: RedisStore, args: argparse.Namespace, out: TextIO) -> None:
@@ -163,16 +168,29 @@ async def export(store: RedisStore, args: argparse.Namespace, out: TextIO) -> No
     if args.file is None or args.file == "-":
         out.writelines(lines)
         return
-    with Path(args.file).open("w", encoding="utf-8") as file:
-        file.writelines(lines)
+    try:
+        with Path(args.file).open("w", encoding="utf-8") as file:
+            file.writelines(lines)
+    except OSError as exc:  # not a Redis failure: _run would report it as one
+        raise UsageError(f"cannot write {args.file}: {exc.strerror or exc}") from exc
     out.write(f"exported {len(entries)} entries to {args.file}\n")
 
 
 async def import_(store: RedisStore, args: argparse.Namespace, out: TextIO) -> None:
-    entries = list(_read_entries(args.file))  # every line checked before anything is written
-    for entry in entries:
+    """Every line is checked before anything is written. An entry created longer than --ttl ago
+    has outlived its lifetime: it is skipped, not revived (the listing drops such ids too)."""
+    entries = list(_read_entries(args.file))
+    oldest = time.time() - args.ttl
+    fresh = [entry for entry in entries if entry.created >= oldest]
+    for entry in fresh:
         await store.put(entry)
-    out.write(f"imported {len(entries)} entries\n")
+    skipped = len(entries) - len(fresh)
+    note = f"; skipped {skipped} created over --ttl ({args.ttl:g} s) ago" if skipped else ""
+    out.write(f"imported {_entries(len(fresh))}{note}\n")
+
+
+def _entries(count: int) -> str:
+    return f"{count} entr{'y' if count == 1 else 'ies'}"
 
 
 def _read_entries(name: str) -> Iterable[Entry]:
@@ -251,6 +269,8 @@ async def _run(action: Action, args: argparse.Namespace, ttl: float | None) -> i
     except NotFound as exc:
         print(f"kvgate cache {args.action}: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `kvgate cache export | head`: the reader has what it wanted
+        return 0
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
         print(f"kvgate cache {args.action}: cannot reach Redis at {args.redis}: {exc}",
               file=sys.stderr)

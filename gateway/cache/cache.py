@@ -219,8 +219,12 @@ class CacheTap:
 
 
 def _token_count(usage: Mapping[str, Any], name: str) -> int | None:
+    """The count if it is one `CachedAnswer.from_bytes` accepts back (a non-negative int): an
+    answer stored with any other would be read back as corrupt, a miss every time."""
     value = usage.get(name)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 def _close(call: Awaitable[Any]) -> None:

@@ -6,6 +6,9 @@ Layout, every key under `prefix` (default "kvgate:cache:"):
   `encode_vector` bytes, or empty for an exact-only entry; expires `ttl_s` after its put.
 - `{prefix}ns:{namespace}`: a sorted set of ids scored by `created`, trimmed to the newest
   `max_per_namespace` and expiring with the newest entry's ttl: what `nearest` scans.
+- `{prefix}nv:{namespace}`: a hash of the namespace's vectors by id, expiring with it; a put
+  drops the vectors of the ids its trim drops. Each process keeps the vectors it has read in a
+  bounded local `SemanticIndex` per namespace, so a lookup reads only the vectors it has not seen.
 - `{prefix}all`: a sorted set of every id by `created`, for `entries`, `count` and `flush`. Each
   put drops the ids created more than `ttl_s` before now (the gateway stores an answer as it is
   created, so their hashes have expired), which keeps it bounded without anyone listing it; an
@@ -24,19 +27,32 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis.asyncio as redis
 from redis.typing import EncodableT, FieldT
 
-from gateway.cache.store import COUNTERS, Entry, best_match, check_counter, check_limits
+from gateway.cache.index import SemanticIndex
+from gateway.cache.store import COUNTERS, Entry, check_counter, check_limits
 from gateway.cache.vectors import Vector, decode_vector, encode_vector
 
 log = logging.getLogger("kvgate.cache")
 
 _FIELDS = (b"answer", b"namespace", b"vector", b"model", b"query", b"created")
 _BATCH = 256  # ids read per round trip by entries, count and flush
+MIRROR_VECTORS = 16_384  # vectors kept in this process for semantic lookups (~1 KB each)
+FULL_SYNC_S = 30.0  # a namespace's local index is read whole this often (deletions, trims)
+CLOCK_SKEW_S = 10.0  # an incremental read goes this far back before the newest id it saw
+
+
+@dataclass(slots=True)
+class _Mirror:
+    index: SemanticIndex
+    newest: float = float("-inf")  # the highest `created` read
+    synced_at: float = float("-inf")  # monotonic time of the last whole read
 
 
 class RedisStore:
@@ -45,9 +61,16 @@ class RedisStore:
 
     def __init__(self, client: redis.Redis, *, prefix: str = "kvgate:cache:",
                  ttl_s: float | None, max_per_namespace: int = 256,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 mirror_vectors: int = MIRROR_VECTORS) -> None:
         check_limits(ttl_s, max_per_namespace)
         self._client = client
+        # Namespaces' vectors as read from Redis, least recently used first, at most about
+        # `mirror_vectors` of them (a namespace is kept whole).
+        self._mirror: OrderedDict[str, _Mirror] = OrderedDict()
+        self._monotonic = time.monotonic
+        self._mirror_limit = mirror_vectors
+        self._mirrored = 0
         self._clock = clock  # wall-clock seconds: the `all` set's scores
         self._ttl_s = ttl_s
         self._prefix = prefix
@@ -73,34 +96,77 @@ class RedisStore:
 
     async def nearest(self, namespace: str, vector: Vector, threshold: float
                       ) -> tuple[Entry, float] | None:
-        ns_key = self._namespace_key(namespace)
-        ids = [_text(raw) for raw in
-               await self._client.zrange(ns_key, 0, self._max_per_namespace - 1, desc=True)]
-        if not ids:
+        """The search runs on this process's `SemanticIndex` of the namespace. Bringing it up to
+        date costs one small round trip, for the ids stored since the last lookup (all of them
+        every FULL_SYNC_S), and a second only for vectors not read before: an id is the hash of a
+        whole request, so its vector never changes. The best match is read whole in a third;
+        one deleted, expired or moved since is dropped and the next best read."""
+        index = await self._synced(namespace)
+        if index is None:
             return None
-        async with self._client.pipeline(transaction=False) as pipe:
-            for id in ids:
-                pipe.hmget(self._entry_key(id), [b"vector", b"namespace"])
-            rows: list[list[bytes | None]] = await pipe.execute()
-        candidates: list[Entry] = []
-        stale: list[str] = []
-        for id, (raw_vector, raw_namespace) in zip(ids, rows, strict=True):
-            if raw_vector is None:
-                stale.append(id)  # its hash expired or was deleted
-            elif raw_vector and raw_namespace == namespace.encode():
-                try:
-                    candidates.append(_probe(id, decode_vector(raw_vector)))
-                except ValueError as exc:
-                    _skip(self._entry_key(id), f"vector: {exc}")
-        if stale:
-            await self._client.zrem(ns_key, *stale)
-        # Read whole entries best first; one that vanished since the vectors were read is passed.
-        while (found := best_match(candidates, vector, threshold)) is not None:
-            entry = await self.get(found[0].id)
-            if entry is not None and entry.vector is not None:
+        while (found := index.best(vector, threshold)) is not None:
+            entry = await self.get(found[0])
+            if entry is not None and entry.vector is not None and entry.namespace == namespace:
                 return entry, found[1]
-            candidates.remove(found[0])
+            if entry is None:  # its hash expired or was deleted: drop it from the namespace
+                async with self._client.pipeline(transaction=False) as pipe:
+                    pipe.zrem(self._namespace_key(namespace), found[0])
+                    pipe.hdel(self._vectors_key(namespace), found[0])
+                    await pipe.execute()
+            self._mirrored -= 1
+            index.discard(found[0])
         return None
+
+    async def _synced(self, namespace: str) -> SemanticIndex | None:
+        """The local index of `namespace` with every id stored there (None when it has none)."""
+        mirror = self._mirror.pop(namespace, None)
+        now = self._monotonic()
+        ns_key = self._namespace_key(namespace)
+        full = mirror is None or now - mirror.synced_at >= FULL_SYNC_S
+        if full:
+            pairs = await self._client.zrange(
+                ns_key, 0, self._max_per_namespace - 1, desc=True, withscores=True)
+        else:  # the recent ids only; CLOCK_SKEW_S back, for replicas whose clocks lag ours
+            assert mirror is not None
+            pairs = await self._client.zrangebyscore(
+                ns_key, mirror.newest - CLOCK_SKEW_S, "+inf", withscores=True)
+        ranks = {_text(raw): rank for raw, rank in cast(list[tuple[bytes, float]], pairs)}
+        if mirror is None:
+            mirror = _Mirror(SemanticIndex())
+        before = len(mirror.index)
+        if full:
+            if not ranks:
+                self._mirrored -= before
+                return None
+            mirror.synced_at = now
+            for id in [id for id in mirror.index if id not in ranks]:
+                mirror.index.discard(id)
+        await self._load(namespace, mirror.index, ranks)
+        while len(mirror.index) > self._max_per_namespace:  # only the newest are searched
+            mirror.index.discard(min(mirror.index, key=mirror.index.rank))
+        if ranks:
+            mirror.newest = max(mirror.newest, *ranks.values())
+        self._mirror[namespace] = mirror  # the most recently used
+        self._mirrored += len(mirror.index) - before
+        while self._mirrored > self._mirror_limit and len(self._mirror) > 1:
+            _, evicted = self._mirror.popitem(last=False)
+            self._mirrored -= len(evicted.index)
+        return mirror.index
+
+    async def _load(self, namespace: str, index: SemanticIndex, ranks: dict[str, float]) -> None:
+        """Adds the ids of `ranks` the index lacks, with their vectors."""
+        missing = [id for id in ranks if id not in index]
+        if not missing:
+            return
+        raw_vectors = cast(list[bytes | None], await self._client.hmget(
+            self._vectors_key(namespace), missing))
+        for id, raw in zip(missing, raw_vectors, strict=True):
+            try:
+                loaded = decode_vector(raw) if raw else {}  # {}: an exact-only entry
+            except ValueError as exc:
+                _skip(self._entry_key(id), f"vector: {exc}")
+                loaded = {}
+            index.add(id, loaded, ranks[id])
 
     async def put(self, entry: Entry) -> None:
         key = self._entry_key(entry.id)
@@ -113,9 +179,25 @@ class RedisStore:
             b"query": entry.query.encode(),
             b"created": repr(entry.created).encode(),
         }
+        nv_key = self._vectors_key(entry.namespace)
+        old = await self._client.hget(key, "namespace")  # a replaced entry's, if it moved
+        # The ids the trim below will drop (this put makes one more), whose vectors go with them.
+        trimmed = cast(list[bytes], await self._client.zrange(
+            ns_key, 0, -self._max_per_namespace, desc=False))
+        if entry.id.encode() in trimmed:
+            trimmed.remove(entry.id.encode())
         async with self._client.pipeline(transaction=True) as pipe:
+            if old is not None and _text(old) != entry.namespace:
+                pipe.zrem(self._namespace_key(_text(old)), entry.id)
+                pipe.hdel(self._vectors_key(_text(old)), entry.id)
             pipe.delete(key)  # a replaced entry loses its old ttl with its old fields
             pipe.hset(key, mapping=mapping)
+            if entry.vector is not None:
+                pipe.hset(nv_key, entry.id, mapping[b"vector"])
+            else:
+                pipe.hdel(nv_key, entry.id)
+            if trimmed:
+                pipe.hdel(nv_key, *trimmed)
             pipe.zadd(ns_key, {entry.id: entry.created})
             pipe.zremrangebyrank(ns_key, 0, -self._max_per_namespace - 1)
             pipe.zadd(self._all, {entry.id: entry.created})
@@ -124,7 +206,13 @@ class RedisStore:
             if self._ttl_ms is not None:
                 pipe.pexpire(key, self._ttl_ms)
                 pipe.pexpire(ns_key, self._ttl_ms)
+                if entry.vector is not None:
+                    pipe.pexpire(nv_key, self._ttl_ms)
             await pipe.execute()
+        mirror = self._mirror.get(entry.namespace)
+        if mirror is not None and entry.id not in mirror.index:  # no need to read it back
+            mirror.index.add(entry.id, entry.vector or {}, entry.created)
+            self._mirrored += 1
 
     async def delete(self, id: str) -> bool:
         key = self._entry_key(id)
@@ -134,6 +222,7 @@ class RedisStore:
             pipe.zrem(self._all, id)
             if namespace is not None:
                 pipe.zrem(self._namespace_key(_text(namespace)), id)
+                pipe.hdel(self._vectors_key(_text(namespace)), id)
             deleted, *_ = await pipe.execute()
         return bool(deleted)
 
@@ -214,6 +303,9 @@ class RedisStore:
     def _namespace_key(self, namespace: str) -> str:
         return f"{self._prefix}ns:{namespace}"
 
+    def _vectors_key(self, namespace: str) -> str:
+        return f"{self._prefix}nv:{namespace}"
+
     def _decode(self, id: str, fields: Mapping[bytes, bytes]) -> Entry | None:
         try:
             return _decode_entry(id, fields)
@@ -246,11 +338,6 @@ def _decode_entry(id: str, fields: Mapping[bytes, bytes]) -> Entry:
         raise ValueError(f"created is not a number: {created!r}") from exc
     return Entry(id=id, namespace=namespace, vector=vector, answer=fields[b"answer"],
                  model=model, query=query, created=when)
-
-
-def _probe(id: str, vector: Vector) -> Entry:
-    """A stand-in entry carrying only what `best_match` compares, before the whole hash is read."""
-    return Entry(id=id, namespace="", vector=vector, answer=b"", model="", query="", created=0.0)
 
 
 def _skip(key: str, reason: str) -> None:

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.cache.vectors import Vector, cosine
+from gateway.cache.index import SemanticIndex
+from gateway.cache.vectors import Vector
 
 COUNTERS = ("exact", "semantic", "miss", "store")
 
@@ -83,20 +84,6 @@ def check_limits(ttl_s: float | None, max_per_namespace: int) -> None:
         raise ValueError(f"max_per_namespace must be at least 1, not {max_per_namespace!r}")
 
 
-def best_match(candidates: list[Entry], vector: Vector, threshold: float
-               ) -> tuple[Entry, float] | None:
-    """The candidate most similar to `vector` at or above `threshold`; candidates come newest
-    first, so a tie goes to the newer entry. Exact-only entries (vector None) never match."""
-    best: tuple[Entry, float] | None = None
-    for entry in candidates:
-        if entry.vector is None:
-            continue
-        similarity = cosine(vector, entry.vector)
-        if similarity >= threshold and (best is None or similarity > best[1]):
-            best = (entry, similarity)
-    return best
-
-
 class MemoryStore:
     """One process's cache. Memory stays bounded: at most `max_entries` entries, each namespace
     indexes at most `max_per_namespace` of them, and expired entries are dropped as the clock
@@ -114,6 +101,7 @@ class MemoryStore:
         self._entries: OrderedDict[str, Entry] = OrderedDict()   # least recently used first
         self._expires: OrderedDict[str, float] = OrderedDict()   # put order: soonest first
         self._namespaces: dict[str, dict[str, float]] = {}       # namespace -> {id: created}
+        self._indexes: dict[str, SemanticIndex] = {}             # namespace -> its vectors
         self._counters = dict.fromkeys(COUNTERS, 0)
 
     async def get(self, id: str) -> Entry | None:
@@ -127,15 +115,14 @@ class MemoryStore:
     async def nearest(self, namespace: str, vector: Vector, threshold: float
                       ) -> tuple[Entry, float] | None:
         now = self._sweep()
-        index = self._namespaces.get(namespace)
-        if not index:
+        index = self._indexes.get(namespace)
+        if index is None:
             return None
-        ids = sorted(index, key=lambda id: (index[id], id), reverse=True)
-        found = best_match([self._entries[id] for id in ids if not self._expired(id, now)],
-                           vector, threshold)
-        if found is not None:
-            self._entries.move_to_end(found[0].id)  # a semantic hit is a use too
-        return found
+        found = index.best(vector, threshold, skip=lambda id: self._expired(id, now))
+        if found is None:
+            return None
+        self._entries.move_to_end(found[0])  # a semantic hit is a use too
+        return self._entries[found[0]], found[1]
 
     async def put(self, entry: Entry) -> None:
         now = self._sweep()
@@ -145,9 +132,14 @@ class MemoryStore:
             self._expires[entry.id] = now + self._ttl_s
         index = self._namespaces.setdefault(entry.namespace, {})
         index[entry.id] = entry.created
+        if entry.vector:
+            vectors = self._indexes.setdefault(entry.namespace, SemanticIndex())
+            vectors.add(entry.id, entry.vector, entry.created)
         if len(index) > self._max_per_namespace:
             # Only the index forgets the oldest: the entry still answers exact lookups.
-            del index[min(index, key=lambda id: (index[id], id))]
+            oldest = min(index, key=lambda id: (index[id], id))
+            del index[oldest]
+            self._unindex(entry.namespace, oldest)
         while len(self._entries) > self._max_entries:
             self._remove(next(iter(self._entries)))
 
@@ -162,6 +154,7 @@ class MemoryStore:
         self._entries.clear()
         self._expires.clear()
         self._namespaces.clear()
+        self._indexes.clear()
         self._counters = dict.fromkeys(COUNTERS, 0)
         return removed
 
@@ -211,3 +204,11 @@ class MemoryStore:
             index.pop(id, None)
             if not index:
                 del self._namespaces[entry.namespace]
+        self._unindex(entry.namespace, id)
+
+    def _unindex(self, namespace: str, id: str) -> None:
+        vectors = self._indexes.get(namespace)
+        if vectors is not None:
+            vectors.discard(id)
+            if not len(vectors):
+                del self._indexes[namespace]

@@ -1,0 +1,353 @@
+"""The response cache's benchmark: the work it takes off the backends, what a hit costs, and
+whether a semantic hit ever answers another question.
+
+    python -m loadtest.bench_cache [--requests 400] [--questions 100] [--paraphrase-share 0.3]
+        [--zipf 1.1] [--concurrency 8] [--max-tokens 48] [--backends 2] [--time-scale 1]
+        [--stores off,memory,redis] [--seed 0] [--lookups 2000] [--json FILE]
+
+Part 1, live: `kvgate serve` in front of --backends simulators, in this process on loopback, gets
+the same --requests streamed chats once per store (`off` is the cache turned off), --concurrency
+at a time. Each request asks one of --questions distinct questions, chosen by a Zipf law of
+exponent --zipf (a few questions are popular, most are rare, as in real traffic); a
+--paraphrase-share of them is reworded (case, contractions, punctuation, spacing, a polite
+opening), which only the semantic tier can match. Reported per store: hits by tier, requests and
+tokens the backends served, TTFT (request sent → first content event) of hits and misses, and
+false hits: a semantic hit whose answer was first written for another question (the simulator's
+text is keyed by the prompt, so an answer's text names the question it was written for).
+
+Part 2, in-process: the cost of one lookup (exact hit, semantic hit, miss) against a store
+holding --lookups entries, per store, with the built-in embedder.
+
+Redis runs are skipped, with a note, when `redis-server` is not installed; the server is started
+on a free loopback port and stopped by this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.cache.answer import CachedAnswer
+from gateway.cache.cache import ResponseCache
+from gateway.cache.embed import HashingEmbedder
+from gateway.cache.keys import CacheKey
+from gateway.cache.redis_store import RedisStore
+from gateway.cache.store import CacheStore, Entry, MemoryStore
+from gateway.config import Settings
+from gateway.serve import running_gateway
+from loadtest.redis_server import redis_available, running_redis
+from loadtest.sim.launch import running_sim
+from loadtest.sim.presets import DEFAULT_PRESET, PRESETS
+
+STORES = ("off", "memory", "redis")
+SUBJECTS = (
+    "France", "Spain", "Japan", "Brazil", "Kenya", "Canada", "Norway", "Egypt", "Chile", "India",
+    "Peru", "Italy", "Greece", "Mexico", "Vietnam", "Ghana", "Poland", "Turkey", "Nepal", "Cuba",
+)
+TEMPLATES = (
+    "What is the capital of {}?",
+    "What language do people speak in {}?",
+    "What is the currency of {}?",
+    "What is the population of {}?",
+    "What is a traditional dish from {}?",
+    "When did {} become independent?",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    question: int  # which of the distinct questions
+    text: str  # as sent: the question or a rewording of it
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    ask: Ask
+    status: int
+    cache: str  # x-kvgate-cache
+    ttft_s: float | None
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def questions(count: int) -> list[str]:
+    pool = [template.format(subject) for template in TEMPLATES for subject in SUBJECTS]
+    if count > len(pool):
+        raise ValueError(f"at most {len(pool)} distinct questions")
+    return pool[:count]
+
+
+def reword(text: str, rng: random.Random) -> str:
+    """A near-duplicate of `text`: the same question as another person would type it."""
+    out = text
+    if rng.random() < 0.5:
+        out = out.lower()
+    if rng.random() < 0.5:
+        out = out.replace("What is", "What's").replace("what is", "what's")
+    if rng.random() < 0.5:
+        out = out.rstrip("?") + rng.choice(["", " ?", "??", "."])
+    if rng.random() < 0.3:
+        out = "Please tell me: " + out
+    if out == text:
+        out = "  " + text.lower() + "  "
+    return out
+
+
+def plan(args: argparse.Namespace) -> list[Ask]:
+    rng = random.Random(args.seed)
+    pool = questions(args.questions)
+    weights = [1.0 / (rank + 1) ** args.zipf for rank in range(len(pool))]
+    asks = []
+    for question in rng.choices(range(len(pool)), weights=weights, k=args.requests):
+        text = pool[question]
+        if rng.random() < args.paraphrase_share:
+            text = reword(text, rng)
+        asks.append(Ask(question, text))
+    return asks
+
+
+async def ask(http: aiohttp.ClientSession, gateway: str, model: str, item: Ask,
+              max_tokens: int) -> Reply:
+    body = {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "system", "content": "Answer in one short paragraph."},
+                         {"role": "user", "content": item.text}]}
+    start = time.perf_counter()
+    first: float | None = None
+    pieces: list[str] = []
+    usage: dict[str, Any] = {}
+    async with http.post(gateway + "/v1/chat/completions", json=body) as resp:
+        cache = resp.headers.get("x-kvgate-cache", "-")
+        async for line in resp.content:
+            if not line.startswith(b"data: {"):
+                continue
+            event = orjson.loads(line[6:])
+            for choice in event.get("choices") or ():
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    pieces.append(piece)
+                    if first is None:
+                        first = time.perf_counter()
+            if event.get("usage"):
+                usage = event["usage"]
+        status = resp.status
+    return Reply(item, status, cache, None if first is None else first - start, "".join(pieces),
+                 int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
+
+
+@asynccontextmanager
+async def cache_settings(store: str) -> AsyncIterator[dict[str, Any]]:
+    if store == "off":
+        yield {"enabled": False}
+    elif store == "memory":
+        yield {"enabled": True}
+    else:
+        async with running_redis() as url:
+            yield {"enabled": True, "store": "redis", "redis_url": url}
+
+
+async def live(args: argparse.Namespace, store: str, asks: Sequence[Ask]) -> list[Reply]:
+    model = PRESETS[DEFAULT_PRESET].model_name
+    async with AsyncExitStack() as stack:
+        urls = [await stack.enter_async_context(
+                    running_sim(preset=DEFAULT_PRESET, time_scale=args.time_scale, seed=i))
+                for i in range(args.backends)]
+        cache = await stack.enter_async_context(cache_settings(store))
+        settings = Settings.model_validate({
+            "server": {"port": 0},
+            "backends": [{"url": url, "id": f"sim{i}"} for i, url in enumerate(urls)],
+            "routing": {"poll_interval_s": 0.05},
+            "cache": cache,
+        })
+        gateway = await stack.enter_async_context(running_gateway(settings, on_done=_quiet))
+        http = await stack.enter_async_context(
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
+        replies: list[Reply | None] = [None] * len(asks)
+        todo = iter(range(len(asks)))
+
+        async def worker() -> None:
+            for i in todo:
+                replies[i] = await ask(http, gateway, model, asks[i], args.max_tokens)
+
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    return [r for r in replies if r is not None]
+
+
+def summarise(replies: Sequence[Reply]) -> dict[str, Any]:
+    served = [r for r in replies if r.cache not in ("exact", "semantic")]
+    hits = [r for r in replies if r.cache in ("exact", "semantic")]
+    origin = {r.text: r.ask.question for r in served if r.text}
+    false_hits = sum(1 for r in hits if r.cache == "semantic"
+                     and origin.get(r.text, r.ask.question) != r.ask.question)
+    return {
+        "requests": len(replies),
+        "failed": sum(r.status != 200 for r in replies),
+        "exact": sum(r.cache == "exact" for r in replies),
+        "semantic": sum(r.cache == "semantic" for r in replies),
+        "false_hits": false_hits,
+        "backend_requests": len(served),
+        "backend_tokens": sum(r.prompt_tokens + r.completion_tokens for r in served),
+        "ttft_p50_ms": _ms(statistics.median, replies),
+        "ttft_p99_ms": _ms(lambda v: _pct(v, 0.99), replies),
+        "hit_ttft_p50_ms": _ms(statistics.median, hits),
+        "miss_ttft_p50_ms": _ms(statistics.median, served),
+    }
+
+
+def _ms(stat: Any, replies: Sequence[Reply]) -> float | None:
+    values = [r.ttft_s * 1e3 for r in replies if r.ttft_s is not None]
+    return round(stat(values), 2) if values else None
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def lookup_costs(store_name: str, entries: int, rounds: int = 500) -> dict[str, float]:
+    """Microseconds per lookup, by result, against a store of `entries` answers in 8
+    namespaces (so a semantic lookup compares up to `max_per_namespace` of them)."""
+    embedder = HashingEmbedder()
+    pool = questions(len(TEMPLATES) * len(SUBJECTS))
+    answer = CachedAnswer("chat", "m", "text " * 40, "stop", 20, 40).to_bytes()
+    keys = [_key(f"{pool[i % len(pool)]} (case {i})", namespace=f"ns{i % 8}")
+            for i in range(entries)]
+    async with _store(store_name, entries) as store:
+        cache = ResponseCache(store, embedder, threshold=0.9, timeout_s=5.0)
+        for key in keys:
+            vector = await cache.embedding(key)
+            await store.put(Entry(id=key.id, namespace=f"{embedder.name}/{key.namespace}",
+                                  vector=vector, answer=answer, model="m",
+                                  query=key.query or "", created=time.time()))
+        probes: dict[str, tuple[str | None, list[CacheKey]]] = {
+            "exact hit": ("exact", keys[:rounds]),
+            "semantic hit": ("semantic", [
+                _key(f"  {k.query.lower()} ", namespace=k.namespace, fresh=True)
+                for k in keys[:rounds] if k.query]),
+            "miss": (None, [_key(f"How tall is mountain number {i}?", namespace="ns1",
+                                 fresh=True) for i in range(rounds)]),
+        }
+        costs: dict[str, float] = {}
+        for name, (tier, probe_keys) in probes.items():
+            started = time.perf_counter()
+            for key in probe_keys:
+                found = await cache.lookup(key)
+                if (found.hit.tier if found.hit else None) != tier:
+                    raise AssertionError(f"{store_name}: a {name} probe gave {found.hit}")
+            costs[name] = round((time.perf_counter() - started) / len(probe_keys) * 1e6, 1)
+        await cache.close()
+    return costs
+
+
+def _key(query: str, *, namespace: str, fresh: bool = False) -> CacheKey:
+    """A key whose id is its text (a `fresh` one has no exact entry)."""
+    return CacheKey(id=f"{'fresh:' if fresh else ''}{namespace}:{query}", namespace=namespace,
+                    query=query, model="m", kind="chat")
+
+
+@asynccontextmanager
+async def _store(name: str, entries: int) -> AsyncIterator[CacheStore]:
+    if name == "memory":
+        yield MemoryStore(max_entries=entries * 2, ttl_s=None)
+        return
+    async with running_redis() as url:
+        yield RedisStore.from_url(url, ttl_s=None)
+
+
+def _quiet(outcome: object) -> None:
+    """No access log."""
+
+
+def _row(name: str, s: dict[str, Any]) -> str:
+    hit = s["exact"] + s["semantic"]
+    return (f"{name:7} {s['requests']:5} {s['failed']:4} {s['exact']:6} {s['semantic']:6}"
+            f" {hit / max(1, s['requests']):6.1%} {s['false_hits']:5} {s['backend_requests']:6}"
+            f" {s['backend_tokens']:8} {_f(s['ttft_p50_ms'])} {_f(s['ttft_p99_ms'])}"
+            f" {_f(s['hit_ttft_p50_ms'])} {_f(s['miss_ttft_p50_ms'])}")
+
+
+def _f(value: float | None) -> str:
+    return f"{'-':>8}" if value is None else f"{value:8.1f}"
+
+
+async def run(args: argparse.Namespace) -> int:
+    stores = [s for s in args.stores if s != "redis" or redis_available()]
+    if len(stores) < len(args.stores):
+        print("redis-server is not installed: the redis runs are skipped")
+    asks = plan(args)
+    results: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "json"}}
+    print(f"{args.requests} streamed chats, {args.concurrency} at a time, over {args.questions}"
+          f" questions (Zipf {args.zipf}), {args.paraphrase_share:.0%} reworded; "
+          f"{args.backends} x {DEFAULT_PRESET} at time scale {args.time_scale:g}")
+    print("store   reqs fail  exact   sem.   hits false backend   tokens TTFTp50  TTFTp99"
+          "  hit p50 miss p50   (ms)")
+    live_results: dict[str, dict[str, Any]] = {}
+    for store in stores:
+        live_results[store] = summarise(await live(args, store, asks))
+        print(_row(store, live_results[store]), flush=True)
+    results["live"] = live_results
+    if "off" in live_results:
+        base = live_results["off"]
+        for store, s in live_results.items():
+            if store == "off":
+                continue
+            tokens = s["backend_tokens"] / max(1, base["backend_tokens"])
+            ttft = (s["ttft_p50_ms"] or 0) / (base["ttft_p50_ms"] or 1)
+            print(f"{store}: backend tokens {tokens:.2f}x the cache off's, TTFT p50 {ttft:.2f}x")
+    print(f"\nlookup cost against {args.lookups} entries (µs per lookup, in-process):")
+    costs: dict[str, dict[str, float]] = {}
+    for store in (s for s in stores if s != "off"):
+        costs[store] = await lookup_costs(store, args.lookups)
+        print(f"  {store:7} " + ", ".join(f"{k} {v:.0f}" for k, v in costs[store].items()))
+    results["lookup_us"] = costs
+    if args.json:
+        with open(args.json, "wb") as out:
+            out.write(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    failed = sum(s["failed"] for s in live_results.values())
+    false_hits = sum(s["false_hits"] for s in live_results.values())
+    return 1 if failed or false_hits else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench_cache",
+                                     description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--questions", type=int, default=100)
+    parser.add_argument("--paraphrase-share", type=float, default=0.3)
+    parser.add_argument("--zipf", type=float, default=1.1)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--backends", type=int, default=2)
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--stores", type=lambda s: s.split(","), default=list(STORES))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lookups", type=int, default=2000)
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args(argv)
+    bad = [s for s in args.stores if s not in STORES]
+    if bad or not 1 <= args.requests <= 20_000 or args.concurrency < 1 or args.backends < 1:
+        print(f"bad usage: stores {bad or 'ok'}; requests 1..20000, concurrency and backends"
+              " >= 1", file=sys.stderr)
+        return 2
+    try:
+        questions(args.questions)
+    except ValueError as exc:
+        print(f"--questions: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
