@@ -192,11 +192,11 @@ async def test_a_request_for_several_choices_bypasses_the_cache() -> None:
         assert (await stored(http, url, 0))["entries"] == 0
 
 
-async def test_hits_are_counted_in_the_metrics() -> None:
+async def test_hits_are_counted_in_the_metrics_with_a_ttft_and_no_tpot() -> None:
     async with gateway() as (url, http):
         await post(http, url, chat("What is the capital of France?"))
         await stored(http, url, 1)
-        await post(http, url, chat("What is the capital of France?"))
+        await post(http, url, chat("What is the capital of France?", stream=True))
         await post(http, url, chat("what's the capital of france"))
         async with http.get(url + "/metrics") as resp:
             text = (await resp.read()).decode()
@@ -205,6 +205,12 @@ async def test_hits_are_counted_in_the_metrics() -> None:
                    and line.endswith(" 1") for line in lookups), lookups
         assert any('kvgate_cache_tier="semantic"' in line and 'lookup="hit"' in line
                    and line.endswith(" 1") for line in lookups), lookups
+        hit = 'kvgate_cache_result="exact"'
+        assert any(line.startswith("gen_ai_server_time_to_first_token_seconds_count")
+                   and hit in line for line in text.splitlines())
+        # A replayed answer's pace is the gateway's, not a GPU's: it is no TPOT.
+        assert not any(line.startswith("gen_ai_server_time_per_output_token") and hit in line
+                       for line in text.splitlines())
 
 
 async def test_gateways_sharing_one_redis_share_its_answers() -> None:

@@ -192,7 +192,8 @@ class RequestMetrics:
             ttft = timing.ttft_s
             if ttft is not None:
                 series.ttft.record(ttft)
-            tpot = timing.tpot_s(outcome.output_tokens)
+            # A cache hit's tokens are replayed at the gateway's pace, not generated: no TPOT.
+            tpot = timing.tpot_s(outcome.output_tokens) if outcome.backend is not None else None
             if tpot is not None:
                 series.tpot.record(tpot)
         duration = timing.duration_s
