@@ -259,8 +259,9 @@ def prompt_of(body: Mapping[str, Any]) -> tuple[str, int | None]:
 
 
 def job_of(request: web.Request, body: Mapping[str, Any], *, model: str, request_id: str,
-           max_tokens: int | None, stream: bool, priority_header: str, tenant_header: str,
-           session_header: str | None) -> Job:
+           max_tokens: int | None, stream: bool, priority_header: str,
+           session_header: str | None, tenant: str) -> Job:
+    """The Job for a request of `tenant` (its API key's, gateway/auth.py, else `tenant_of`)."""
     headers = request.headers
     prompt, exact = prompt_of(body)
     session: str | None = None
@@ -273,7 +274,7 @@ def job_of(request: web.Request, body: Mapping[str, Any], *, model: str, request
     return Job(
         request_id=request_id, model=model, prompt=prompt, max_tokens=max_tokens,
         prompt_tokens=exact, priority=priority_of(headers, priority_header),
-        tenant=tenant_of(headers, tenant_header), session=session,
+        tenant=tenant, session=session,
         cache_salt=salt if isinstance(salt, str) else None, stream=stream,
     )
 

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from gateway import handlers
 from gateway.admission import GATE, build_gate, gate_running, stamp_route
+from gateway.auth import KeyInfo, KeyRing, auth_middleware
 from gateway.cache.setup import cache_running
 from gateway.config import Settings
 from gateway.errors import (
@@ -73,10 +74,15 @@ def create_app(
         settings.telemetry.to_settings(), clock=clock, span_processor=span_processor
     )
     observer = Observer(telemetry, clock=clock, on_done=on_done)
+    middlewares = [observer.middleware, error_middleware]
+    ring = KeyRing((key.digest(), KeyInfo(key.name, key.tenant or key.name, key.admin))
+                   for key in settings.auth.keys)
+    if ring.enabled:  # inside the error middleware: a 401 is an OpenAI body, and recorded
+        middlewares.append(auth_middleware(ring, protect_metrics=settings.auth.protect_metrics))
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
         # The observer first: it takes the arrival time before anything else runs.
-        middlewares=[observer.middleware, error_middleware],
+        middlewares=middlewares,
     )
     routing = settings.routing
     app[SETTINGS] = settings

@@ -34,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.auth import digest
 from gateway.cli import UsageError
 from gateway.telemetry import TelemetrySettings
 from gateway.telemetry.otlp import load_otlp_exporter
@@ -235,6 +236,48 @@ class TelemetryConfig(_Section):
         )
 
 
+class ApiKeySettings(_Section):
+    """One API key: the key itself or its SHA-256 (hex), a name for logs, its tenant."""
+
+    name: str = Field(min_length=1)
+    key: str | None = Field(default=None, min_length=16)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+    tenant: str | None = Field(default=None, min_length=1)  # default: the name
+    admin: bool = False  # may read /admin/*
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> ApiKeySettings:
+        if (self.key is None) == (self.sha256 is None):
+            raise ValueError(f"key {self.name!r}: give exactly one of key and sha256")
+        return self
+
+    def digest(self) -> str:
+        if self.sha256 is not None:
+            return self.sha256.lower()
+        assert self.key is not None
+        return digest(self.key)
+
+
+class AuthSettings(_Section):
+    """API keys (gateway/auth.py); none listed: no authentication."""
+
+    keys: tuple[ApiKeySettings, ...] = ()
+    protect_metrics: bool = False  # true: GET /metrics needs a key too
+
+    @field_validator("keys")
+    @classmethod
+    def _distinct(cls, value: tuple[ApiKeySettings, ...]) -> tuple[ApiKeySettings, ...]:
+        names, digests = set(), set()
+        for key in value:
+            if key.name in names:
+                raise ValueError(f"two keys are named {key.name!r}")
+            if key.digest() in digests:
+                raise ValueError(f"key {key.name!r} is listed twice")
+            names.add(key.name)
+            digests.add(key.digest())
+        return value
+
+
 class CacheSettings(_Section):
     """The response cache (gateway/cache): exact, then semantic, over one store. Off unless
     enabled (`kvgate demo` and `kvgate serve --redis URL` turn it on)."""
@@ -254,6 +297,9 @@ class CacheSettings(_Section):
     # null caches every temperature.
     max_temperature: float | None = Field(default=None, ge=0)
     timeout_s: float = Field(default=0.25, gt=0)  # a slower store call counts as a miss
+    # global: one cache for every client; tenant: each tenant (its API key's, else the tenant
+    # header's, else its bearer token's) sees only the answers it was given itself.
+    scope: Literal["global", "tenant"] = "global"
 
     @field_validator("redis_url")
     @classmethod
@@ -276,6 +322,7 @@ class Settings(_Section):
     routing: RoutingSettings = RoutingSettings()
     telemetry: TelemetryConfig = TelemetryConfig()
     cache: CacheSettings = CacheSettings()
+    auth: AuthSettings = AuthSettings()
 
     @field_validator("backends")
     @classmethod

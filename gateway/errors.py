@@ -45,6 +45,26 @@ class InvalidRequest(GatewayError):
     type = "invalid_request_error"
 
 
+class Unauthorized(GatewayError):
+    """No API key, or one the gateway does not know (auth.keys)."""
+
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.headers = MappingProxyType({"WWW-Authenticate": "Bearer"})
+
+
+class PermissionDenied(GatewayError):
+    """A valid key without the right: the admin views need an admin key."""
+
+    status = 403
+    type = "permission_error"
+    code = "permission_denied"
+
+
 class ModelNotFound(GatewayError):
     """No configured backend serves the requested model, and no alias maps it to one that does."""
 

@@ -11,7 +11,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.admission import GATE, job_of
+from gateway.admission import GATE, job_of, tenant_of
+from gateway.auth import AUTH_KEY
 from gateway.cache.http import admin_cache, consult
 from gateway.cache.keys import Kind
 from gateway.errors import BodyTooLarge, ModelNotFound
@@ -66,8 +67,11 @@ async def _complete(
     fleet = app[FLEET]
     if not any(model in fleet.models_of(spec.id) for spec in fleet.specs):
         raise ModelNotFound(f"the model {body.model!r} does not exist", param="model")
+    routing = app[SETTINGS].routing
+    key = request.get(AUTH_KEY)  # with API keys on, a request's tenant is its key's
+    tenant = key.tenant if key is not None else tenant_of(request.headers, routing.tenant_header)
     cached = await consult(request, KINDS[path], data, model, stream=body.stream,
-                           include_usage=body.include_usage)
+                           include_usage=body.include_usage, tenant=tenant)
     if isinstance(cached, web.StreamResponse):
         return cached
     # The client's bytes go upstream unchanged unless the model is an alias or a stream's usage
@@ -81,11 +85,10 @@ async def _complete(
         data["model"] = model
     if strip_usage or model != body.model:
         raw = orjson.dumps(data)
-    routing = app[SETTINGS].routing
     job = job_of(request, data, model=model, request_id=request[REQUEST_ID],
                  max_tokens=body.output_cap, stream=body.stream,
-                 priority_header=routing.priority_header, tenant_header=routing.tenant_header,
-                 session_header=routing.session_header)
+                 priority_header=routing.priority_header,
+                 session_header=routing.session_header, tenant=tenant)
     observation.tenant = job.tenant
     call = UpstreamCall(
         path=path,

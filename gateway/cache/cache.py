@@ -82,8 +82,9 @@ class ResponseCache:
         self._last_error_log = float("-inf")
         self._pending: set[asyncio.Task[None]] = set()
 
-    def key(self, kind: Kind, body: Mapping[str, Any], model: str) -> CacheKey | Bypass:
-        return cache_key(kind, body, model, max_temperature=self._max_temperature)
+    def key(self, kind: Kind, body: Mapping[str, Any], model: str,
+            scope: str | None = None) -> CacheKey | Bypass:
+        return cache_key(kind, body, model, max_temperature=self._max_temperature, scope=scope)
 
     @property
     def available(self) -> bool:

@@ -34,13 +34,16 @@ _ID_PREFIX: Mapping[Kind, str] = {"chat": "chatcmpl-", "text": "cmpl-"}
 
 
 async def consult(request: web.Request, kind: Kind, body: Mapping[str, Any], model: str, *,
-                  stream: bool, include_usage: bool) -> web.StreamResponse | CacheTap | None:
+                  stream: bool, include_usage: bool, tenant: str
+                  ) -> web.StreamResponse | CacheTap | None:
     """A replayed hit, a tap to store the answer of a miss, or None (no cache, or bypassed).
-    `body` is the client's request as parsed, `model` the real model it resolves to."""
+    `body` is the client's request as parsed, `model` the real model it resolves to; with
+    `cache.scope: tenant` the `tenant`'s entries are its own."""
     cache = request.app.get(CACHE)
     if cache is None or not cache.available:
         return None
-    key = cache.key(kind, body, model)
+    scoped = request.app[SETTINGS].cache.scope == "tenant"
+    key = cache.key(kind, body, model, scope=tenant if scoped else None)
     if isinstance(key, Bypass):
         return None
     directives = cache_directives(request.headers.get("Cache-Control", ""))

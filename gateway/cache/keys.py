@@ -70,9 +70,11 @@ class _TooDeep(Exception):
 
 
 def cache_key(
-    kind: Kind, body: Mapping[str, Any], model: str, *, max_temperature: float | None = None
+    kind: Kind, body: Mapping[str, Any], model: str, *, max_temperature: float | None = None,
+    scope: str | None = None,
 ) -> CacheKey | Bypass:
-    """The cache identity of one completion request, or why it has none.
+    """The cache identity of one completion request, or why it has none. A `scope` (a tenant,
+    with `cache.scope: tenant`) is part of both the id and the namespace: scopes share nothing.
 
     `body` is the JSON-decoded request (str keys; values dicts, lists, str, int, float, bool,
     None); any other value raises TypeError, a caller's bug rather than a client's.
@@ -88,13 +90,13 @@ def cache_key(
         }
     except _TooDeep:
         return Bypass("nesting")
-    id_ = _digest(kind, model, params)
+    id_ = _digest(kind, model, params, scope)
     found = _chat_query(params) if kind == "chat" else _text_query(params)
     if found is None:
         return CacheKey(id=id_, namespace=id_, query=None, model=model, kind=kind)
     query, blanked = found
-    return CacheKey(id=id_, namespace=_digest(kind, model, blanked), query=query, model=model,
-                    kind=kind)
+    return CacheKey(id=id_, namespace=_digest(kind, model, blanked, scope), query=query,
+                    model=model, kind=kind)
 
 
 def _bypass_reason(kind: Kind, body: Mapping[str, Any], max_temperature: float | None
@@ -159,8 +161,10 @@ def _normalised(value: Any, depth: int) -> Any:
     raise TypeError(f"cache keys take JSON values, not {type(value).__name__}")
 
 
-def _digest(kind: Kind, model: str, params: dict[str, Any]) -> str:
-    canonical = {"kind": kind, "model": model, "params": params}
+def _digest(kind: Kind, model: str, params: dict[str, Any], scope: str | None) -> str:
+    canonical: dict[str, Any] = {"kind": kind, "model": model, "params": params}
+    if scope is not None:
+        canonical["scope"] = scope
     return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 

@@ -1,0 +1,87 @@
+"""API keys: who may call the gateway, as which tenant, and who may read its admin views.
+
+Off until `auth.keys` lists a key. Then every request but `GET /health` and `GET /ready` (and
+`GET /metrics`, unless `auth.protect_metrics`) must carry one, as `Authorization: Bearer KEY`
+(OpenAI's clients) or `api-key: KEY` (Azure's):
+
+- no key, or one not listed: 401 `invalid_api_key`, with `WWW-Authenticate: Bearer`;
+- `/admin/*` with a key that is not `admin: true`: 403 `permission_denied`.
+
+Keys are kept as SHA-256 digests (configure `sha256:` to keep the key itself out of the config),
+and a presented key is hashed before the lookup, so the lookup's timing says nothing about how
+much of a key matched. A request's tenant (the fair-share queue's key, gateway/admission.py) is
+its key's `tenant`, or its name: with keys on, the tenant header is not trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from gateway.errors import PermissionDenied, Unauthorized
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+OPEN_PATHS = frozenset({"/health", "/ready"})
+ADMIN_PREFIX = "/admin/"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    name: str
+    tenant: str  # the fair-share tenant of every request made with this key
+    admin: bool = False
+
+
+AUTH_KEY = web.RequestKey("auth_key", KeyInfo)  # the key a request was let in with
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class KeyRing:
+    """The configured keys, by the SHA-256 digest of each."""
+
+    def __init__(self, keys: Iterable[tuple[str, KeyInfo]]) -> None:
+        self._by_digest = {sha: info for sha, info in keys}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._by_digest)
+
+    def check(self, key: str) -> KeyInfo | None:
+        return self._by_digest.get(digest(key))
+
+
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The key a request carries: `Authorization: Bearer KEY`, else `api-key: KEY`."""
+    scheme, _, token = headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    given = headers.get("api-key", "").strip()
+    return given or None
+
+
+def auth_middleware(ring: KeyRing, *, protect_metrics: bool) -> Middleware:
+    open_paths = OPEN_PATHS if protect_metrics else OPEN_PATHS | {"/metrics"}
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in open_paths:
+            return await handler(request)
+        key = presented_key(request.headers)
+        if key is None:
+            raise Unauthorized("no API key: send it as 'Authorization: Bearer KEY'")
+        info = ring.check(key)
+        if info is None:
+            raise Unauthorized("the API key is not valid")
+        if request.path.startswith(ADMIN_PREFIX) and not info.admin:
+            raise PermissionDenied(f"the key {info.name!r} is not an admin key")
+        request[AUTH_KEY] = info
+        return await handler(request)
+
+    return authenticate
