@@ -37,6 +37,7 @@ from gateway.keys import (
     ARRIVED_AT,
     CLOCK,
     FLEET,
+    MODEL_ROUTES,
     PROXY,
     REQUEST_ID,
     ROUTER,
@@ -86,6 +87,7 @@ def create_app(
     )
     routing = settings.routing
     app[SETTINGS] = settings
+    app[MODEL_ROUTES] = settings.small_model_routes()
     app[CLOCK] = clock
     app[STARTED_AT] = int(time.time())
     app[FLEET] = Fleet(

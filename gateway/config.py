@@ -39,6 +39,7 @@ from gateway.cli import UsageError
 from gateway.telemetry import TelemetrySettings
 from gateway.telemetry.otlp import load_otlp_exporter
 from gateway.telemetry.settings import OTLP_PROTOCOLS
+from routing.model_select import DEFAULT_HARD_MARKERS, SmallModelRoute
 from routing.policies import DEFAULT_POLICY
 from routing.policy import PolicyContext, build_router, policy_names
 from routing.state import METRICS_FORMATS, BackendSpec
@@ -236,6 +237,34 @@ class TelemetryConfig(_Section):
         )
 
 
+class SmallModelRouteSettings(_Section):
+    """A routing alias choosing between a large and a small model (routing/model_select.py)."""
+
+    alias: str = Field(min_length=1)
+    large: str = Field(min_length=1)
+    small: str = Field(min_length=1)
+    mode: Literal["easy", "overflow"] = "easy"
+    max_prompt_tokens: int = Field(default=1024, ge=1)
+    max_output_tokens: int = Field(default=512, ge=1)
+    max_turns: int = Field(default=6, ge=1)
+    hard_markers: tuple[str, ...] = DEFAULT_HARD_MARKERS
+
+    @model_validator(mode="after")
+    def _distinct_models(self) -> SmallModelRouteSettings:
+        if self.large == self.small:
+            raise ValueError(f"route {self.alias!r}: large and small are both {self.large!r}")
+        if self.alias in (self.large, self.small):
+            raise ValueError(f"route {self.alias!r}: the alias must not be one of its models")
+        return self
+
+    def to_route(self) -> SmallModelRoute:
+        return SmallModelRoute(
+            alias=self.alias, large=self.large, small=self.small, mode=self.mode,
+            max_prompt_tokens=self.max_prompt_tokens, max_output_tokens=self.max_output_tokens,
+            max_turns=self.max_turns,
+            hard_markers=tuple(marker.lower() for marker in self.hard_markers if marker))
+
+
 class ApiKeySettings(_Section):
     """One API key: the key itself or its SHA-256 (hex), a name for logs, its tenant."""
 
@@ -323,6 +352,21 @@ class Settings(_Section):
     telemetry: TelemetryConfig = TelemetryConfig()
     cache: CacheSettings = CacheSettings()
     auth: AuthSettings = AuthSettings()
+    small_model: tuple[SmallModelRouteSettings, ...] = ()  # routing aliases: large or small
+
+    @model_validator(mode="after")
+    def _routes_distinct(self) -> Settings:
+        seen: set[str] = set()
+        for route in self.small_model:
+            if route.alias in seen:
+                raise ValueError(f"small_model: two routes are named {route.alias!r}")
+            if route.alias in self.model_aliases:
+                raise ValueError(f"small_model: {route.alias!r} is also a model_aliases entry")
+            seen.add(route.alias)
+        return self
+
+    def small_model_routes(self) -> dict[str, SmallModelRoute]:
+        return {route.alias: route.to_route() for route in self.small_model}
 
     @field_validator("backends")
     @classmethod

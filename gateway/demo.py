@@ -21,18 +21,27 @@ from contextlib import AsyncExitStack
 import orjson
 
 from gateway.cli import UsageError
-from gateway.config import BackendSettings, CacheSettings, ServerSettings, Settings
+from gateway.config import (
+    BackendSettings,
+    CacheSettings,
+    ServerSettings,
+    Settings,
+    SmallModelRouteSettings,
+)
 from gateway.serve import LOG_LEVELS, configure_logging, run_on_uvloop, running_gateway
 from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS, SMALL_PRESET
 
 MAX_BACKENDS = 16
+AUTO_MODEL = "auto"  # the small-model routing alias: easy requests go to the small model
 
 
 def demo_settings(urls: Sequence[str], *, host: str, port: int) -> Settings:
     backends = tuple(BackendSettings(url=url, id=f"sim{i}") for i, url in enumerate(urls))
+    route = SmallModelRouteSettings(alias=AUTO_MODEL, large=PRESETS[DEFAULT_PRESET].model_name,
+                                    small=PRESETS[SMALL_PRESET].model_name)
     return Settings(server=ServerSettings(host=host, port=port), backends=backends,
-                    cache=CacheSettings(enabled=True))
+                    cache=CacheSettings(enabled=True), small_model=(route,))
 
 
 def banner(url: str, *, backends: int, time_scale: float) -> str:
@@ -52,6 +61,9 @@ def banner(url: str, *, backends: int, time_scale: float) -> str:
             f"  state:    curl -s {url}/admin/backends",
             "  cache:    in memory; ask the same (or nearly the same) question twice and the",
             "            second answer comes from it (header x-kvgate-cache: exact or semantic)",
+            f'  routing:  "model": "{AUTO_MODEL}" lets the gateway choose: easy requests go to'
+            f" {small},",
+            "            the rest to " + model + " (headers x-kvgate-model, x-kvgate-model-reason)",
             "",
             "Try it:",
             f"  {curl} -i",

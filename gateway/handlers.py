@@ -20,6 +20,7 @@ from gateway.keys import (
     ARRIVED_AT,
     CLOCK,
     FLEET,
+    MODEL_ROUTES,
     OBSERVATION,
     PROXY,
     REQUEST_ID,
@@ -35,6 +36,7 @@ from gateway.schemas import (
     model_list,
     validate,
 )
+from gateway.small_model import choose
 
 JSON = "application/json"
 KINDS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "text"}
@@ -63,7 +65,11 @@ async def _complete(
     body = validate(schema, data)
     observation = request[OBSERVATION]
     note_request(observation, body.model, body.stream, data)
-    model = app[SETTINGS].model_aliases.get(body.model, body.model)
+    route = app[MODEL_ROUTES].get(body.model)
+    if route is not None:  # a small-model routing alias: the gateway chooses the model
+        model = choose(request, route, data, body.output_cap).model
+    else:
+        model = app[SETTINGS].model_aliases.get(body.model, body.model)
     fleet = app[FLEET]
     if not any(model in fleet.models_of(spec.id) for spec in fleet.specs):
         raise ModelNotFound(f"the model {body.model!r} does not exist", param="model")
@@ -109,7 +115,8 @@ async def _complete(
 
 async def list_models(request: web.Request) -> web.Response:
     app = request.app
-    names = set(app[FLEET].healthy_models()) | set(app[SETTINGS].model_aliases)
+    routes = app[MODEL_ROUTES]
+    names = set(app[FLEET].healthy_models()) | set(app[SETTINGS].model_aliases) | set(routes)
     return _json(model_list(sorted(names), created=app[STARTED_AT]))
 
 

@@ -6,7 +6,7 @@ importing each other.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
@@ -16,6 +16,7 @@ from gateway.observation import Observation
 from gateway.proxy import Proxy
 from gateway.telemetry import RequestTiming, Telemetry
 from routing.fleet import Fleet
+from routing.model_select import SmallModelRoute
 from routing.policy import Router
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -33,5 +34,7 @@ TELEMETRY = web.AppKey("telemetry", Telemetry)
 # times, e.g. admission's `queue_start` / `queue_end`.
 OBSERVATION = web.RequestKey("observation", Observation)
 TIMING = web.RequestKey("timing", RequestTiming)
+# Small-model routing aliases (routing/model_select.py), by alias.
+MODEL_ROUTES: web.AppKey[Mapping[str, SmallModelRoute]] = web.AppKey("model_routes")
 # The response cache (gateway/cache); absent when `cache.enabled` is false.
 CACHE = web.AppKey("cache", ResponseCache)

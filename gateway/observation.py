@@ -38,6 +38,7 @@ class Observation:
     admission: str | None = None  # "admitted" | "queued" | "rejected"; None = not reached
     rejection_reason: str | None = None
     small_model: bool | None = None
+    model_reason: str | None = None  # small-model routing's reason (x-kvgate-model-reason)
     prompt: str | None = None
     # A cache hit's: the model that produced the replayed answer, and its usage.
     response_model: str | None = None

@@ -233,8 +233,11 @@ async def stamp_timing(request: web.Request, response: web.StreamResponse) -> No
     if timing is None:
         return
     observation = request.get(OBSERVATION)
-    if observation is not None and "x-kvgate-cache" not in response.headers:
-        response.headers["x-kvgate-cache"] = observation.cache
+    if observation is not None:
+        if "x-kvgate-cache" not in response.headers:
+            response.headers["x-kvgate-cache"] = observation.cache
+        if observation.model_reason is not None:
+            response.headers["x-kvgate-model-reason"] = observation.model_reason
     value = server_timing(timing)
     if value:
         response.headers["server-timing"] = value

@@ -1,0 +1,112 @@
+"""Small-model routing end to end: a large and a small simulator on loopback behind the gateway.
+A request for the routing alias goes to the small model when it is easy (or, in mode overflow,
+only while the large model is busy); the response names the model that served it and why."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from gateway.config import Settings
+from gateway.serve import running_gateway
+from loadtest.sim.launch import running_sim
+from loadtest.sim.presets import DEFAULT_PRESET, PRESETS, SMALL_PRESET
+
+LARGE = PRESETS[DEFAULT_PRESET].model_name
+SMALL = PRESETS[SMALL_PRESET].model_name
+
+
+@asynccontextmanager
+async def gateway(mode: str = "easy", *, with_small: bool = True
+                  ) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
+    async with AsyncExitStack() as stack:
+        backends = [{"id": "large", "url": await stack.enter_async_context(
+            running_sim(preset=DEFAULT_PRESET, time_scale=20.0))}]
+        if with_small:
+            backends.append({"id": "small", "url": await stack.enter_async_context(
+                running_sim(preset=SMALL_PRESET, time_scale=20.0, seed=1))})
+        settings = Settings.model_validate({
+            "server": {"port": 0}, "backends": backends, "routing": {"poll_interval_s": 0.05},
+            "small_model": [{"alias": "auto", "large": LARGE, "small": SMALL, "mode": mode}],
+        })
+        url = await stack.enter_async_context(running_gateway(settings))
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        yield url, http
+
+
+async def ask(http: aiohttp.ClientSession, url: str, content: str, **extra: Any
+              ) -> dict[str, str]:
+    body = {"model": "auto", "max_tokens": 16,
+            "messages": [{"role": "user", "content": content}], **extra}
+    async with http.post(url + "/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        payload = orjson.loads(await resp.read())
+        assert payload["model"] == resp.headers["x-kvgate-model"]
+        return dict(resp.headers)
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "model", "reason", "backend"),
+    [
+        pytest.param("What is the capital of France?", {}, SMALL, "easy", "small",
+                     id="an easy question goes to the small model"),
+        pytest.param("Prove that there are infinitely many primes.", {}, LARGE, "hard_marker",
+                     "large", id="a hard one to the large model"),
+        pytest.param("What is the capital of France?", {"max_tokens": 2000}, LARGE,
+                     "long_output", "large", id="a long answer asked for to the large model"),
+        pytest.param("word " * 2000, {}, LARGE, "long_prompt", "large",
+                     id="a long prompt to the large model"),
+    ],
+)
+async def test_the_alias_chooses_the_model(content: str, extra: dict[str, Any], model: str,
+                                           reason: str, backend: str) -> None:
+    async with gateway() as (url, http):
+        headers = await ask(http, url, content, **extra)
+        assert headers["x-kvgate-model"] == model
+        assert headers["x-kvgate-model-reason"] == reason
+        assert headers["x-kvgate-backend"] == backend
+
+
+async def test_a_named_model_is_served_as_named() -> None:
+    async with gateway() as (url, http):
+        body = {"model": LARGE, "max_tokens": 8,
+                "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+        async with http.post(url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            assert resp.headers["x-kvgate-model"] == LARGE
+            assert "x-kvgate-model-reason" not in resp.headers
+
+
+async def test_overflow_keeps_an_idle_large_model_serving_easy_requests() -> None:
+    async with gateway("overflow") as (url, http):
+        headers = await ask(http, url, "What is the capital of France?")
+        assert (headers["x-kvgate-model"], headers["x-kvgate-model-reason"]) == (
+            LARGE, "large_free")
+
+
+async def test_without_a_small_backend_easy_requests_stay_on_the_large_model() -> None:
+    async with gateway(with_small=False) as (url, http):
+        headers = await ask(http, url, "What is the capital of France?")
+        assert (headers["x-kvgate-model"], headers["x-kvgate-model-reason"]) == (
+            LARGE, "small_unavailable")
+
+
+async def test_the_alias_is_listed_and_decisions_are_counted() -> None:
+    async with gateway() as (url, http):
+        async with http.get(url + "/v1/models") as resp:
+            listed = {m["id"] for m in orjson.loads(await resp.read())["data"]}
+        assert {"auto", LARGE, SMALL} <= listed
+        await ask(http, url, "What is the capital of France?")
+        await ask(http, url, "Prove it.")
+        async with http.get(url + "/metrics") as resp:
+            text = (await resp.read()).decode()
+        decisions = {line.split("{")[1].split("}")[0]: line.rsplit(" ", 1)[1]
+                     for line in text.splitlines()
+                     if line.startswith("kvgate_small_model_decisions")}
+        assert decisions == {'kvgate_small_model_chosen="true"': "1",
+                             'kvgate_small_model_chosen="false"': "1"}
