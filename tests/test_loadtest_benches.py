@@ -1,0 +1,43 @@
+"""The cache and small-model benchmarks run end to end on a small budget: live traffic through
+the real gateway to simulators (and a redis-server of their own), figures that add up, exit 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loadtest import bench_cache, bench_small_model
+from loadtest.redis_server import redis_available
+
+
+def test_the_cache_benchmark_moves_work_off_the_backends(tmp_path: Path) -> None:
+    stores = "off,memory,redis" if redis_available() else "off,memory"
+    out = tmp_path / "cache.json"
+    code = bench_cache.main(["--requests", "40", "--questions", "10", "--concurrency", "4",
+                             "--time-scale", "20", "--lookups", "40", "--stores", stores,
+                             "--json", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    off, memory = result["live"]["off"], result["live"]["memory"]
+    assert off["backend_requests"] == 40 and off["exact"] + off["semantic"] == 0
+    # 40 requests over 10 questions: at least 30 of them repeat one already answered.
+    assert memory["exact"] + memory["semantic"] + memory["backend_requests"] == 40
+    assert memory["backend_tokens"] < off["backend_tokens"]
+    assert memory["false_hits"] == 0
+    assert set(result["lookup_us"]) == set(stores.split(",")) - {"off"}
+
+
+def test_the_small_model_benchmark_sends_the_easy_share_to_the_small_model(
+        tmp_path: Path) -> None:
+    out = tmp_path / "small.json"
+    code = bench_small_model.main(["--requests", "20", "--rate", "40", "--easy-share", "0.5",
+                                   "--time-scale", "20", "--json", str(out)])
+    assert code == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert runs["large only"]["small_share"] == 0.0
+    plan = bench_small_model.plan(20, 0.5, 0)
+    assert runs["auto, easy"]["small_share"] == pytest.approx(
+        sum(not hard for hard, _ in plan) / 20)
+    assert all(run["failed"] == 0 for run in runs.values())
