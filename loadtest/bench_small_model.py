@@ -95,7 +95,7 @@ async def run_once(args: argparse.Namespace, model: str, mode: str,
         for i in range(args.large):
             url = await stack.enter_async_context(
                 running_sim(preset=DEFAULT_PRESET, time_scale=args.time_scale, seed=i,
-                            num_gpu_blocks=args.large_blocks))
+                            num_gpu_blocks=args.large_blocks or None))
             backends.append({"id": f"large{i}", "url": url})
         for i in range(args.small):
             url = await stack.enter_async_context(
@@ -194,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--small", type=int, default=1)
     parser.add_argument("--large-blocks", type=int, default=512,
                         help="the large backends' KV cache in 16-token blocks (default 512: 8k"
-                        " tokens, a GPU whose memory mostly holds the weights)")
+                        " tokens, a GPU whose memory mostly holds the weights; 0: the preset's)")
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE")
