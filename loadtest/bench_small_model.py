@@ -36,6 +36,7 @@ from gateway.config import Settings
 from gateway.serve import running_gateway
 from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS, SMALL_PRESET
+from loadtest.streamed import streamed_chat
 
 LARGE = PRESETS[DEFAULT_PRESET].model_name
 SMALL = PRESETS[SMALL_PRESET].model_name
@@ -71,21 +72,9 @@ async def chat(http: aiohttp.ClientSession, url: str, model: str, hard: bool, te
                ) -> Reply:
     body = {"model": model, "stream": True, "max_tokens": 256 if hard else 64,
             "ignore_eos": True, "messages": [{"role": "user", "content": text}]}
-    start = time.perf_counter()
-    first: float | None = None
-    events = 0
-    async with http.post(url + "/v1/chat/completions", json=body) as resp:
-        served = resp.headers.get("x-kvgate-model", "-")
-        async for line in resp.content:
-            if line.startswith(b"data: {") and b'"content":"' in line.replace(
-                    b'"content":""', b""):
-                events += 1
-                if first is None:
-                    first = time.perf_counter()
-        end = time.perf_counter()
-        status = resp.status
-    tpot = None if first is None or events < 2 else (end - first) / (events - 1)
-    return Reply(hard, status, served, None if first is None else first - start, tpot)
+    got = await streamed_chat(http, url, body)
+    return Reply(hard, got.status, got.headers.get("x-kvgate-model", "-"), got.ttft_s,
+                 got.tpot_s)
 
 
 async def run_once(args: argparse.Namespace, model: str, mode: str,

@@ -22,7 +22,6 @@ import asyncio
 import random
 import statistics
 import sys
-import time
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
@@ -35,6 +34,7 @@ from gateway.config import Settings
 from gateway.serve import running_gateway
 from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import PRESETS
+from loadtest.streamed import streamed_chat
 from routing.policies import POLICIES
 
 MAX_REQUESTS = 5_000
@@ -53,21 +53,9 @@ async def _chat(http: aiohttp.ClientSession, gateway: str, model: str, words: in
                 max_tokens: int, tag: int, long: bool) -> Reply:
     body = {"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
             "messages": [{"role": "user", "content": f"{tag} " + "word " * words}]}
-    start = time.perf_counter()
-    first: float | None = None
-    events = 0
-    async with http.post(gateway + "/v1/chat/completions", json=body) as resp:
-        backend = resp.headers.get("x-kvgate-backend", "-")
-        async for line in resp.content:
-            if line.startswith(b"data: {") and b'"content":"' in line.replace(b'"content":""', b""):
-                events += 1
-                if first is None:
-                    first = time.perf_counter()
-        end = time.perf_counter()
-        status = resp.status
-    ttft = None if first is None else first - start
-    tpot = None if first is None or events < 2 else (end - first) / (events - 1)
-    return Reply(long, backend, status, ttft, tpot)
+    got = await streamed_chat(http, gateway, body)
+    return Reply(long, got.headers.get("x-kvgate-backend", "-"), got.status, got.ttft_s,
+                 got.tpot_s)
 
 
 def _pct(values: Sequence[float], q: float) -> float:

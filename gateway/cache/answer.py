@@ -201,7 +201,7 @@ def render_json(answer: CachedAnswer, *, response_id: str, created: int) -> byte
                   "finish_reason": answer.finish_reason}
     body: dict[str, Any] = {"id": response_id, "object": obj, "created": created,
                             "model": answer.model, "choices": [choice]}
-    usage = _usage(answer)
+    usage = usage_of(answer)
     if usage is not None:
         body["usage"] = usage
     return orjson.dumps(body)
@@ -238,7 +238,7 @@ def render_events(answer: CachedAnswer, *, response_id: str, created: int,
     else:
         events = [event(text_choice(piece, None)) for piece in pieces]
         events.append(event(text_choice("", answer.finish_reason)))
-    usage = _usage(answer)
+    usage = usage_of(answer)
     if include_usage and usage is not None:
         events.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}) + b"\n\n")
     events.append(_DONE_EVENT)
@@ -257,7 +257,8 @@ def _token_count(value: object) -> int | None:
     return None
 
 
-def _usage(answer: CachedAnswer) -> dict[str, int] | None:
+def usage_of(answer: CachedAnswer) -> dict[str, int] | None:
+    """The OpenAI usage object of `answer`, or None when its token counts are unknown."""
     if answer.prompt_tokens is None or answer.completion_tokens is None:
         return None
     return {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens,

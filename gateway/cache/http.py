@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.cache.answer import CachedAnswer, render_events, render_json
+from gateway.cache.answer import render_events, render_json, usage_of
 from gateway.cache.cache import CacheTap, Hit
 from gateway.cache.keys import Bypass, Kind
 from gateway.errors import CacheUnavailable
@@ -93,13 +93,6 @@ async def replay(request: web.Request, hit: Hit, kind: Kind, *, stream: bool,
         await response.write(b"".join(events))
         await response.write_eof()
     return response
-
-
-def usage_of(answer: CachedAnswer) -> dict[str, int] | None:
-    if answer.prompt_tokens is None or answer.completion_tokens is None:
-        return None
-    return {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens,
-            "total_tokens": answer.prompt_tokens + answer.completion_tokens}
 
 
 async def admin_cache(request: web.Request) -> web.Response:
