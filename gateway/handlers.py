@@ -66,20 +66,22 @@ async def _complete(
     observation = request[OBSERVATION]
     note_request(observation, body.model, body.stream, data)
     route = app[MODEL_ROUTES].get(body.model)
-    if route is not None:  # a small-model routing alias: the gateway chooses the model
-        model = choose(request, route, data, body.output_cap).model
-    else:
-        model = app[SETTINGS].model_aliases.get(body.model, body.model)
+    # A small-model routing alias is served by its large model unless `choose` says otherwise.
+    model = route.large if route else app[SETTINGS].model_aliases.get(body.model, body.model)
     fleet = app[FLEET]
     if not any(model in fleet.models_of(spec.id) for spec in fleet.specs):
         raise ModelNotFound(f"the model {body.model!r} does not exist", param="model")
     routing = app[SETTINGS].routing
     key = request.get(AUTH_KEY)  # with API keys on, a request's tenant is its key's
     tenant = key.tenant if key is not None else tenant_of(request.headers, routing.tenant_header)
-    cached = await consult(request, KINDS[path], data, model, stream=body.stream,
-                           include_usage=body.include_usage, tenant=tenant)
+    # The cache before the model choice (DESIGN.md): an alias's answers serve the alias,
+    # whichever of its models wrote them.
+    cached = await consult(request, KINDS[path], data, body.model if route else model,
+                           stream=body.stream, include_usage=body.include_usage, tenant=tenant)
     if isinstance(cached, web.StreamResponse):
         return cached
+    if route is not None:
+        model = choose(request, route, data, body.output_cap).model
     # The client's bytes go upstream unchanged unless the model is an alias or a stream's usage
     # must be asked for: the gateway learns each backend's speed from its streams' token counts.
     strip_usage = body.stream and not body.include_usage and app[SETTINGS].server.stream_usage

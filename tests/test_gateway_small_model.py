@@ -4,6 +4,7 @@ only while the large model is busy); the response names the model that served it
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -22,7 +23,7 @@ SMALL = PRESETS[SMALL_PRESET].model_name
 
 
 @asynccontextmanager
-async def gateway(mode: str = "easy", *, with_small: bool = True
+async def gateway(mode: str = "easy", *, with_small: bool = True, cache: bool = False
                   ) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
     async with AsyncExitStack() as stack:
         backends = [{"id": "large", "url": await stack.enter_async_context(
@@ -33,6 +34,7 @@ async def gateway(mode: str = "easy", *, with_small: bool = True
         settings = Settings.model_validate({
             "server": {"port": 0}, "backends": backends, "routing": {"poll_interval_s": 0.05},
             "small_model": [{"alias": "auto", "large": LARGE, "small": SMALL, "mode": mode}],
+            "cache": {"enabled": cache},
         })
         url = await stack.enter_async_context(running_gateway(settings))
         http = await stack.enter_async_context(aiohttp.ClientSession())
@@ -110,3 +112,25 @@ async def test_the_alias_is_listed_and_decisions_are_counted() -> None:
                      if line.startswith("kvgate_small_model_decisions")}
         assert decisions == {'kvgate_small_model_chosen="true"': "1",
                              'kvgate_small_model_chosen="false"': "1"}
+
+
+async def test_the_cache_answers_the_alias_before_any_model_is_chosen() -> None:
+    async with gateway(cache=True) as (url, http):
+        first = await ask(http, url, "What is the capital of France?")
+        assert (first["x-kvgate-cache"], first["x-kvgate-model"]) == ("miss", SMALL)
+        deadline = asyncio.get_running_loop().time() + 10.0
+        while True:  # answers are stored off the request's path
+            async with http.get(url + "/admin/cache") as resp:
+                if orjson.loads(await resp.read())["entries"] >= 1:
+                    break
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.02)
+        again = await ask(http, url, "What is the capital of France?")
+        assert (again["x-kvgate-cache"], again["x-kvgate-model"]) == ("exact", SMALL)
+        assert "x-kvgate-model-reason" not in again  # no model was chosen: none served it
+        body = {"model": LARGE, "max_tokens": 16,
+                "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+        async with http.post(url + "/v1/chat/completions", json=body) as resp:
+            # Who names the large model asked for it: the small one's answer is not it.
+            assert resp.headers["x-kvgate-cache"] == "miss"
+            assert resp.headers["x-kvgate-model"] == LARGE
