@@ -1,6 +1,12 @@
 """The backend poller: the one I/O piece of routing/. Scrapes every backend's /metrics on an
 interval and reports into the Fleet.
 
+Where the pieces are: this module schedules the scrapes and handles their answers (`Poller`);
+routing/scrape_state.py holds each backend's polling state (`_Backend`) and the path its next
+scrape asks for; routing/hot_template.py reads hot answers from their numbers;
+routing/poll_timing.py holds the pure time arithmetic (`full_every_for`, `retry_delay`,
+`restamped`), re-exported here.
+
 - Schedule: backends are scraped in groups of `group_size`, each group at its own phase of the
   interval, every member on the same grid `phase + k * interval`. One timer per group wakes the
   event loop and starts its members' scrapes; each scrape then runs on its own (a callback when
@@ -28,7 +34,7 @@ interval and reports into the Fleet.
   a cut-out of its series per scrape, not a parse. A busy backend's payload is parsed, but only
   the series that changed (a `GroupCache` per backend keeps the others' samples); a hot answer
   that differs from the last one parsed whole only in its numbers is not parsed at all (see
-  Tiers). A scrape that
+  Tiers, and routing/hot_template.py). A scrape that
   yields a snapshot with nothing else to handle (no filter to drop) ends in `_scraped`, the
   bookkeeping of `_end` in fewer steps.
 - Each scrape has its own deadline (`timeout`) covering connect, response and body. Its snapshot
@@ -84,17 +90,8 @@ interval and reports into the Fleet.
   and that answer follows the rules above (plain /metrics next, if it fails as a filtered one).
   When that full answer succeeds, the hot query was at fault: the backend asks for every name
   at every scrape until it has been marked unhealthy.
-- Hot answers read from their numbers: a busy server's hot answer changes at every scrape, but
-  only in its numbers. The last hot answer parsed whole is kept as a template
-  (routing/metrics/template.py: its text without the numbers, and which sample each number
-  is); a hot answer with the same text is read from its numbers alone, into the load figures of
-  the template's snapshot (routing/metrics `rebuilt`: running, waiting and the KV figures; the
-  others depend on names, labels and the slow groups only). The result is the snapshot a whole
-  parse gives (tests/test_routing_metrics_template.py, tests/test_routing_poller_tiers.py). A
-  template serves with the slow groups it was read with; a full answer that brings other slow
-  groups takes it over when its load series have the template's names and labels, else ends
-  it, and the next hot answer is parsed whole and is the next template. Any hot answer unlike
-  the template (another label, line or comment) is parsed whole and becomes the template.
+- Hot answers read from their numbers, through a template of the last hot answer parsed
+  whole: routing/hot_template.py (`_HotTemplate`).
 """
 
 from __future__ import annotations
@@ -111,135 +108,17 @@ from functools import partial
 import aiohttp
 
 from routing.fleet import Fleet
-from routing.metrics import (
-    GroupCache,
-    MetricsError,
-    Reading,
-    parse_slots,
-    read_metrics,
-    rebuilt,
-    snapshot_of,
-    with_slots,
-)
-from routing.metrics.prom import Groups, Samples
-from routing.metrics.query import (
-    METRICS_PATH,
-    completed,
-    filtered_path,
-    hot_path,
-    slow_groups,
-)
-from routing.metrics.template import ValueTemplate
-from routing.scrape_client import (
-    Done,
-    ScrapeClient,
-    ScrapeError,
-    ScrapeTimeout,
-    SessionClient,
-    client_for,
-)
-from routing.state import BackendSnapshot, BackendSpec
+from routing.hot_template import _HotTemplate
+from routing.metrics import MetricsError, parse_slots, read_metrics, snapshot_of, with_slots
+from routing.metrics.query import METRICS_PATH, slow_groups
+from routing.poll_timing import full_every_for, restamped, retry_delay
+from routing.scrape_client import ScrapeError, ScrapeTimeout, SessionClient, client_for
+from routing.scrape_state import _Backend, _completed, _route
+from routing.state import BackendSnapshot
+
+__all__ = ["Poller", "full_every_for", "restamped", "retry_delay"]
 
 log = logging.getLogger("kvgate.poller")
-
-
-def _unbound(result: bytes | ScrapeError) -> None:
-    raise RuntimeError("a poller callback used before it was bound")
-
-
-@dataclasses.dataclass(slots=True, eq=False)
-class _Backend:
-    """One backend's polling state; only the poller's callbacks touch it."""
-
-    spec: BackendSpec
-    client: ScrapeClient
-    on_metrics: Done = _unbound  # the poller's callbacks, bound to this backend once (in `run`)
-    on_slots: Done = _unbound
-    first: float = 0.0  # loop time of its group's grid point 0
-    next_k: int = 0  # the grid point of its next scrape
-    busy: bool = False
-    # The scrape in progress.
-    started_k: int = 0
-    taken_at: float = 0.0
-    deadline: float = 0.0  # loop time
-    was_healthy: bool = False
-    fetching: str = METRICS_PATH  # the path of the /metrics request in flight
-    metrics: BackendSnapshot | None = None  # llama.cpp: parsed, waiting for /slots
-    # Filtering (module docstring): the path of the next /metrics request, the format it asks
-    # for (None: plain /metrics), and the format whose filtered answer failed on this backend.
-    path: str = METRICS_PATH
-    path_family: str | None = None
-    unfiltered: str | None = None
-    suspect: str | None = None  # the format whose filtered answer failed in this scrape
-    # Tiers (module docstring): the hot path of `path_family` (None: none, or not used here),
-    # whether this backend may use one, the last full answer's slow groups and the hot names it
-    # had (None: the next filtered scrape asks for every name), the grid point from which a
-    # scrape is full again, and whether the hot answer failed in this scrape.
-    hot: str | None = None
-    tiered: bool = True
-    slow: Groups | None = None
-    hot_names: tuple[str, ...] = ()
-    full_k: int = 0
-    hot_failed: bool = False
-    # The last answer of each kind and its reading (a hot one's completed with `slow`), so that
-    # the alternation of full and hot answers of an idle server costs no reading.
-    full_memo: tuple[bytes, Reading] | None = None
-    hot_memo: tuple[bytes, Reading] | None = None
-    # The last hot answer parsed whole, as a template for the next ones (`_HotTemplate`).
-    hot_template: _HotTemplate | None = None
-    # The last payload parsed, the series read from it, and the snapshot they gave.
-    last_body: bytes = b""
-    last_reading: Reading | None = None
-    last_snapshot: BackendSnapshot | None = None
-    groups: GroupCache = dataclasses.field(default_factory=GroupCache)  # the last groups parsed
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _HotTemplate:
-    """A hot answer parsed whole, with `slow` (the very object: a new full answer whose slow
-    groups changed replaces it, and so ends the template): the next hot answers that differ
-    from it only in their numbers are read from those (routing/metrics/template.py) into its
-    snapshot's load figures (routing/metrics `rebuilt`)."""
-
-    slow: Groups
-    family: str
-    groups: Groups  # of its reading
-    snapshot: BackendSnapshot
-    values: ValueTemplate | None  # None: its numbers alone cannot give its snapshot back
-
-    @classmethod
-    def of(
-        cls, body: bytes, reading: Reading, snapshot: BackendSnapshot, samples: Samples,
-        slow: Groups, hot_names: tuple[str, ...],
-    ) -> _HotTemplate:
-        values = ValueTemplate.of(body, samples, hot_names)
-        if values is not None:  # which read these samples back from `body`
-            load = {name: samples[name] for name in hot_names}
-            again = rebuilt(
-                reading.family, snapshot, load, reading.groups, taken_at=snapshot.taken_at)
-            if again != snapshot:
-                values = None
-        return cls(slow, reading.family, reading.groups, snapshot, values)
-
-    def rebased(
-        self, slow: Groups, full: Reading, snapshot: BackendSnapshot, samples: Samples
-    ) -> _HotTemplate | None:
-        """This template for the hot answers completed with `slow`, the slow groups of the full
-        answer just parsed: its `reading`, `snapshot` and `samples`. None when that answer's
-        load series have other names or labels than this template's: its snapshot's other
-        fields could then differ from what the hot answers give."""
-        if self.values is None or not self.values.same_series(samples):
-            return None
-        return _HotTemplate(slow, full.family, full.groups, snapshot, self.values)
-
-    def snapshot_of(self, body: bytes, taken_at: float) -> BackendSnapshot | None:
-        """The snapshot of a hot answer that differs from this one only in its numbers."""
-        if self.values is None:
-            return None
-        load = self.values.samples_of(body)
-        if load is None:
-            return None
-        return rebuilt(self.family, self.snapshot, load, self.groups, taken_at=taken_at)
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -590,57 +469,6 @@ class Poller:
                 _route(backend, family)
         else:
             log.debug("backend %s: scrape failed: %s", spec.id, why)
-
-
-def _route(backend: _Backend, family: str) -> None:
-    """Points the backend's next /metrics request at the filtered path for `family` when its
-    servers filter and that path has not failed on this backend, else at plain /metrics; and
-    its hot scrapes at `family`'s hot path, if any and tiers are on, once a full answer came."""
-    path = filtered_path(family) if family != backend.unfiltered else None
-    backend.slow = None
-    if path is None:
-        backend.path, backend.path_family, backend.hot = METRICS_PATH, None, None
-    else:
-        backend.path, backend.path_family = path, family
-        backend.hot = hot_path(family) if backend.tiered else None
-
-
-def _completed(backend: _Backend, reading: Reading) -> Reading:
-    """A hot answer's reading completed with the last full answer's slow groups. Raises
-    MetricsError (the scrape then asks for every name) when it is not of the backend's format
-    or lacks a moving series the full answer had."""
-    slow, groups = backend.slow, reading.groups
-    if slow is None or reading.family != backend.path_family:
-        raise MetricsError(f"a hot answer of another format ({reading.family})")
-    for name in backend.hot_names:
-        if name not in groups:
-            raise MetricsError(f"a hot answer without {name}, which the full answer had")
-    return completed(reading, slow)
-
-
-def full_every_for(full_interval: float, interval: float) -> int:
-    """`Poller`'s `full_every` for a scrape of every name about every `full_interval` seconds
-    when polling every `interval`: 1 (every name at every scrape) when that is not longer."""
-    if full_interval <= 0 or interval <= 0:
-        raise ValueError("need positive intervals")
-    return max(1, round(full_interval / interval))
-
-
-def retry_delay(interval: float, failures: int, threshold: int, backoff_max: float) -> float:
-    """Time to the next scrape: the interval while fewer than `threshold` scrapes in a row have
-    failed, then doubling with each further failure, up to `backoff_max`."""
-    if failures < threshold:
-        return interval
-    return min(backoff_max, interval * 2.0 ** min(failures - threshold + 1, 32))
-
-
-assert BackendSnapshot._fields[0] == "taken_at"  # what `restamped` replaces
-_new_snapshot = partial(tuple.__new__, BackendSnapshot)
-
-
-def restamped(snapshot: BackendSnapshot, taken_at: float) -> BackendSnapshot:
-    """`snapshot` with another `taken_at`: `_replace`, in fewer steps."""
-    return _new_snapshot((taken_at, *snapshot[1:]))
 
 
 def _cancel(group: _Group) -> None:
