@@ -13,6 +13,7 @@ from aiohttp import web
 
 from gateway.admission import GATE, job_of, tenant_of
 from gateway.auth import AUTH_KEY
+from gateway.cache.cache import CacheTap
 from gateway.cache.http import admin_cache, consult
 from gateway.cache.keys import Kind
 from gateway.errors import BodyTooLarge, ModelNotFound
@@ -80,8 +81,22 @@ async def _complete(
                            stream=body.stream, include_usage=body.include_usage, tenant=tenant)
     if isinstance(cached, web.StreamResponse):
         return cached
-    if route is not None:
-        model = choose(request, route, data, body.output_cap).model
+    try:
+        if route is not None:
+            model = choose(request, route, data, body.output_cap).model
+        return await _forward(request, path, raw, data, body, model, tenant, cached)
+    finally:
+        if cached is not None:
+            cached.release()  # identical requests waiting for this one's answer stop waiting
+
+
+async def _forward(request: web.Request, path: str, raw: bytes, data: dict[str, Any],
+                   body: ChatCompletionRequest | CompletionRequest, model: str, tenant: str,
+                   tap: CacheTap | None) -> web.StreamResponse:
+    """Admission, routing and the proxy for a request the cache did not answer."""
+    app = request.app
+    routing = app[SETTINGS].routing
+    observation = request[OBSERVATION]
     # The client's bytes go upstream unchanged unless the model is an alias or a stream's usage
     # must be asked for: the gateway learns each backend's speed from its streams' token counts.
     strip_usage = body.stream and not body.include_usage and app[SETTINGS].server.stream_usage
@@ -110,7 +125,7 @@ async def _complete(
         trace=observation.trace,
         strip_usage=strip_usage,
         choices=body.n or 1,
-        tap=cached,
+        tap=tap,
     )
     return await app[PROXY].forward(request, call)
 

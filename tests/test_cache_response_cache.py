@@ -574,3 +574,58 @@ async def test_a_stream_that_cannot_be_replayed_stores_nothing(
     tap.stream_ended(USAGE)
     await cache.close()
     assert await cache.store.count() == 0
+
+
+# Identical requests in flight: the first miss leads, the ones that may wait follow it.
+
+
+async def test_a_follower_gets_the_leaders_answer_as_an_exact_hit(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    key = key_of(cache, QUESTION)
+    leader = cache.tap(key, None)
+    follower = asyncio.create_task(cache.lookup(key, follow_s=10.0))
+    await asyncio.sleep(0)  # the follower is waiting
+    assert not follower.done()
+    leader.whole(body({"content": "Paris."}, usage=USAGE))
+    hit = (await follower).hit
+    assert hit is not None and (hit.tier, hit.answer) == (EXACT, PARIS)
+
+
+@pytest.mark.parametrize("ending", ["released", "uncacheable"])
+async def test_a_follower_misses_when_the_leader_ends_without_an_answer(
+        make_cache: MakeCache, ending: str) -> None:
+    cache = make_cache()
+    key = key_of(cache, QUESTION)
+    leader = cache.tap(key, None)
+    follower = asyncio.create_task(cache.lookup(key, follow_s=10.0))
+    await asyncio.sleep(0)
+    if ending == "uncacheable":
+        leader.whole(body({"content": None, "tool_calls": [TOOL_CALL]},
+                          finish_reason="tool_calls"))
+    leader.release()  # the handler always releases its tap
+    assert (await follower).hit is None
+    # The next miss leads again: a request arriving while it runs follows it.
+    again = cache.tap(key, None)
+    second = asyncio.create_task(cache.lookup(key, follow_s=10.0))
+    await asyncio.sleep(0)
+    again.whole(body({"content": "Paris."}, usage=USAGE))
+    hit = (await second).hit
+    assert hit is not None and hit.answer == PARIS
+
+
+async def test_a_follower_stops_waiting_after_follow_s(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    key = key_of(cache, QUESTION)
+    leader = cache.tap(key, None)
+    assert (await cache.lookup(key, follow_s=0.01)).hit is None
+    leader.release()
+
+
+async def test_without_follow_s_a_miss_does_not_wait(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    key = key_of(cache, QUESTION)
+    leader = cache.tap(key, None)
+    assert (await cache.lookup(key)).hit is None  # a stream: it asks a backend itself
+    second = cache.tap(key, None)  # and does not lead while the first does
+    leader.release()
+    second.release()

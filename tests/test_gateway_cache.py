@@ -239,3 +239,41 @@ async def test_an_unreachable_redis_costs_no_request_its_answer() -> None:
             assert content(raw)
         async with http.get(url + "/admin/cache") as resp:
             assert resp.status == 503
+
+
+async def in_flight(http: aiohttp.ClientSession, url: str) -> None:
+    """Returns once the backend has a request of the gateway's in flight."""
+    deadline = asyncio.get_running_loop().time() + DEADLINE_S
+    while True:
+        async with http.get(url + "/admin/backends") as resp:
+            if orjson.loads(await resp.read())["backends"][0]["inflight"] >= 1:
+                return
+        assert asyncio.get_running_loop().time() < deadline, "nothing reached the backend"
+        await asyncio.sleep(0.005)
+
+
+async def test_identical_whole_requests_in_flight_ask_the_backend_once() -> None:
+    async with running_sim(model=MODEL, time_scale=1.0) as sim, \
+            gateway(sim_url=sim) as (url, http):
+        body = chat("Summarise the history of Rome.", max_tokens=64)
+        first = asyncio.create_task(post(http, url, body))
+        await in_flight(http, url)  # the first is at the backend before the others arrive
+        followers = await asyncio.gather(*(post(http, url, body) for _ in range(4)))
+        status, headers, leader = await first
+        assert (status, headers["x-kvgate-cache"], headers["x-kvgate-backend"]) == (
+            200, "miss", "sim0")
+        for status, headers, raw in followers:
+            assert (status, headers["x-kvgate-cache"]) == (200, "exact")
+            assert "x-kvgate-backend" not in headers
+            assert content(raw) == content(leader)
+
+
+async def test_a_stream_does_not_wait_for_an_identical_request_in_flight() -> None:
+    async with running_sim(model=MODEL, time_scale=1.0) as sim, \
+            gateway(sim_url=sim) as (url, http):
+        first = asyncio.create_task(post(http, url, chat("Tell me about Rome.", max_tokens=64)))
+        await in_flight(http, url)
+        _, headers, _ = await post(http, url, chat("Tell me about Rome.", max_tokens=64,
+                                                   stream=True))
+        assert (headers["x-kvgate-cache"], headers["x-kvgate-backend"]) == ("miss", "sim0")
+        await first

@@ -81,6 +81,9 @@ class ResponseCache:
         self._down_until = float("-inf")
         self._last_error_log = float("-inf")
         self._pending: set[asyncio.Task[None]] = set()
+        # Requests in flight to a backend on a miss, by key id: identical requests that want a
+        # whole answer wait for the first one's instead of asking a GPU again.
+        self._leaders: dict[str, asyncio.Future[CachedAnswer | None]] = {}
 
     def key(self, kind: Kind, body: Mapping[str, Any], model: str,
             scope: str | None = None) -> CacheKey | Bypass:
@@ -91,8 +94,10 @@ class ResponseCache:
         """False while cooling down after a store failure: requests go by as `bypass`."""
         return self._clock() >= self._down_until
 
-    async def lookup(self, key: CacheKey) -> Lookup:
-        """The answer stored for `key` or for the nearest question; a failing store is a miss."""
+    async def lookup(self, key: CacheKey, *, follow_s: float | None = None) -> Lookup:
+        """The answer stored for `key` or for the nearest question; a failing store is a miss.
+        With `follow_s`, a miss whose identical request is in flight to a backend waits up to
+        that long for its answer (an exact hit when it comes whole and replayable)."""
         entry = await self._guarded(self.store.get(key.id), None)
         if entry is not None:
             answer = self._decode(entry)
@@ -109,6 +114,16 @@ class ResponseCache:
                 if answer is not None:
                     self._count(SEMANTIC)
                     return Lookup(Hit(SEMANTIC, answer, similarity, near.id), vector)
+        leader = self._leaders.get(key.id) if follow_s is not None else None
+        if leader is not None:
+            try:
+                async with asyncio.timeout(follow_s):
+                    answer = await asyncio.shield(leader)
+            except TimeoutError:
+                answer = None
+            if answer is not None:
+                self._count(EXACT)
+                return Lookup(Hit(EXACT, answer, 1.0, key.id), vector)
         self._count("miss")
         return Lookup(None, vector)
 
@@ -120,7 +135,18 @@ class ResponseCache:
         return await self._embedder.embed(key.query)
 
     def tap(self, key: CacheKey, vector: Vector | None) -> CacheTap:
-        return CacheTap(self, key, vector)
+        """The store side of a miss. The first tap of a key leads: identical requests arriving
+        while it runs may wait for its answer (`lookup(follow_s=...)`) until it is `release`d."""
+        leads = key.id not in self._leaders
+        if leads:
+            self._leaders[key.id] = asyncio.get_running_loop().create_future()
+        return CacheTap(self, key, vector, leads=leads)
+
+    def settle(self, key: CacheKey, answer: CachedAnswer | None) -> None:
+        """The leading request of `key` ended: its followers get `answer` (None: ask a backend)."""
+        leader = self._leaders.pop(key.id, None)
+        if leader is not None and not leader.done():
+            leader.set_result(answer)
 
     def keep(self, key: CacheKey, vector: Vector | None, answer: CachedAnswer) -> None:
         """Store `answer` in the background (the client already has it)."""
@@ -187,13 +213,15 @@ class ResponseCache:
 class CacheTap:
     """The proxy's view of the cache on a miss: sees the relayed answer, stores it if whole."""
 
-    __slots__ = ("_cache", "_key", "_vector", "_collector")
+    __slots__ = ("_cache", "_key", "_vector", "_collector", "_leads")
 
-    def __init__(self, cache: ResponseCache, key: CacheKey, vector: Vector | None) -> None:
+    def __init__(self, cache: ResponseCache, key: CacheKey, vector: Vector | None, *,
+                 leads: bool = False) -> None:
         self._cache = cache
         self._key = key
         self._vector = vector
         self._collector: StreamCollector | None = None
+        self._leads = leads  # identical requests may be waiting for this one's answer
 
     def stream_lines(self, lines: bytes) -> None:
         """Complete SSE lines as relayed to the client."""
@@ -210,13 +238,25 @@ class CacheTap:
         if answer.completion_tokens is None and usage is not None:
             answer = replace(answer, prompt_tokens=_token_count(usage, "prompt_tokens"),
                              completion_tokens=_token_count(usage, "completion_tokens"))
-        self._cache.keep(self._key, self._vector, answer)
+        self._kept(answer)
 
     def whole(self, body: bytes) -> None:
         """A 200 JSON answer."""
         answer = answer_from_body(self._key.kind, body)
         if answer is not None:
-            self._cache.keep(self._key, self._vector, answer)
+            self._kept(answer)
+
+    def release(self) -> None:
+        """The request ended, however: followers still waiting ask a backend themselves."""
+        if self._leads:
+            self._leads = False
+            self._cache.settle(self._key, None)
+
+    def _kept(self, answer: CachedAnswer) -> None:
+        self._cache.keep(self._key, self._vector, answer)
+        if self._leads:
+            self._leads = False
+            self._cache.settle(self._key, answer)
 
 
 def _token_count(usage: Mapping[str, Any], name: str) -> int | None:

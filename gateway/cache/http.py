@@ -53,7 +53,10 @@ async def consult(request: web.Request, kind: Kind, body: Mapping[str, Any], mod
     observation = request[OBSERVATION]
     clock = request.app[CLOCK]
     observation.timing.cache_start = clock()
-    found = await cache.lookup(key)
+    # A whole answer may wait for an identical request already in flight; a stream may not:
+    # its first token would come only when the other's last did.
+    follow_s = None if stream else request.app[SETTINGS].server.first_byte_timeout_s
+    found = await cache.lookup(key, follow_s=follow_s)
     observation.timing.cache_end = clock()
     if found.hit is not None:
         return await replay(request, found.hit, kind, stream=stream, include_usage=include_usage)
