@@ -76,10 +76,11 @@ def create_app(
     )
     observer = Observer(telemetry, clock=clock, on_done=on_done)
     middlewares = [observer.middleware, error_middleware]
-    ring = KeyRing((key.digest(), KeyInfo(key.name, key.tenant or key.name, key.admin))
+    ring = KeyRing((key.digest(), KeyInfo(key.name, key.tenant or key.name, key.admin, key.rpm))
                    for key in settings.auth.keys)
     if ring.enabled:  # inside the error middleware: a 401 is an OpenAI body, and recorded
-        middlewares.append(auth_middleware(ring, protect_metrics=settings.auth.protect_metrics))
+        middlewares.append(auth_middleware(ring, protect_metrics=settings.auth.protect_metrics,
+                                           clock=clock))
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
         # The observer first: it takes the arrival time before anything else runs.

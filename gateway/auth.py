@@ -5,7 +5,9 @@ Off until `auth.keys` lists a key. Then every request but `GET /health` and `GET
 (OpenAI's clients) or `api-key: KEY` (Azure's):
 
 - no key, or one not listed: 401 `invalid_api_key`, with `WWW-Authenticate: Bearer`;
-- `/admin/*` with a key that is not `admin: true`: 403 `permission_denied`.
+- `/admin/*` with a key that is not `admin: true`: 403 `permission_denied`;
+- a completion request beyond its key's `rpm`: 429 `rate_limit_exceeded` with Retry-After
+  (gateway/ratelimit.py).
 
 Keys are kept as SHA-256 digests (configure `sha256:` to keep the key itself out of the config),
 and a presented key is hashed before the lookup, so the lookup's timing says nothing about how
@@ -16,17 +18,20 @@ its key's `tenant`, or its name: with keys on, the tenant header is not trusted.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from gateway.errors import PermissionDenied, Unauthorized
+from gateway.errors import PermissionDenied, RateLimited, Unauthorized
+from gateway.ratelimit import TokenBucket
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/health", "/ready"})
 ADMIN_PREFIX = "/admin/"
+LIMITED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})  # what `rpm` counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +39,7 @@ class KeyInfo:
     name: str
     tenant: str  # the fair-share tenant of every request made with this key
     admin: bool = False
+    rpm: int | None = None  # completion requests a minute; None: no limit
 
 
 AUTH_KEY = web.RequestKey("auth_key", KeyInfo)  # the key a request was let in with
@@ -44,10 +50,20 @@ def digest(key: str) -> str:
 
 
 class KeyRing:
-    """The configured keys, by the SHA-256 digest of each."""
+    """The configured keys, by the SHA-256 digest of each, and the rate limit of each."""
 
     def __init__(self, keys: Iterable[tuple[str, KeyInfo]]) -> None:
         self._by_digest = {sha: info for sha, info in keys}
+        self._buckets: dict[str, TokenBucket] = {}
+
+    def admit(self, info: KeyInfo, now: float) -> float:
+        """0.0 when a completion request of `info` may go now, else seconds until one may."""
+        if info.rpm is None:
+            return 0.0
+        bucket = self._buckets.get(info.name)
+        if bucket is None:
+            bucket = self._buckets[info.name] = TokenBucket(info.rpm, now)
+        return bucket.take(now)
 
     @property
     def enabled(self) -> bool:
@@ -66,7 +82,8 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return given or None
 
 
-def auth_middleware(ring: KeyRing, *, protect_metrics: bool) -> Middleware:
+def auth_middleware(ring: KeyRing, *, protect_metrics: bool,
+                    clock: Callable[[], float]) -> Middleware:
     open_paths = OPEN_PATHS if protect_metrics else OPEN_PATHS | {"/metrics"}
 
     @web.middleware
@@ -81,6 +98,11 @@ def auth_middleware(ring: KeyRing, *, protect_metrics: bool) -> Middleware:
             raise Unauthorized("the API key is not valid")
         if request.path.startswith(ADMIN_PREFIX) and not info.admin:
             raise PermissionDenied(f"the key {info.name!r} is not an admin key")
+        if request.path in LIMITED_PATHS:
+            wait = ring.admit(info, clock())
+            if wait > 0.0:
+                raise RateLimited(f"the key {info.name!r} is over its {info.rpm} requests a"
+                                  " minute", retry_after_s=max(1, math.ceil(wait)))
         request[AUTH_KEY] = info
         return await handler(request)
 

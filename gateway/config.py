@@ -273,6 +273,7 @@ class ApiKeySettings(_Section):
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
     tenant: str | None = Field(default=None, min_length=1)  # default: the name
     admin: bool = False  # may read /admin/*
+    rpm: int | None = Field(default=None, ge=1)  # completion requests a minute, per replica
 
     @model_validator(mode="after")
     def _one_secret(self) -> ApiKeySettings:

@@ -65,6 +65,18 @@ class PermissionDenied(GatewayError):
     code = "permission_denied"
 
 
+class RateLimited(GatewayError):
+    """The API key sent more requests than its `rpm` allows (gateway/ratelimit.py)."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.headers = MappingProxyType({"Retry-After": str(retry_after_s)})
+
+
 class ModelNotFound(GatewayError):
     """No configured backend serves the requested model, and no alias maps it to one that does."""
 
