@@ -107,6 +107,8 @@ async def test_a_repeated_request_is_answered_from_the_cache_without_a_backend()
         assert headers["x-kvgate-cache"] == "exact"
         assert "x-kvgate-backend" not in headers
         assert headers["x-kvgate-model"] == MODEL
+        assert headers["x-kvgate-cache-similarity"] == "1.000"
+        assert 0 <= int(headers["Age"]) <= DEADLINE_S
         assert content(again) == content(first)
         assert counts(again) == counts(first)
         state = await stored(http, url, 1)
@@ -120,6 +122,7 @@ async def test_a_near_duplicate_question_is_a_semantic_hit_and_another_question_
         await stored(http, url, 1)
         _, headers, near = await post(http, url, chat("what's the capital of france"))
         assert headers["x-kvgate-cache"] == "semantic"
+        assert 0.9 <= float(headers["x-kvgate-cache-similarity"]) <= 1.0
         assert content(near) == content(first)
         _, headers, _ = await post(http, url, chat("What is the capital of Spain?"))
         assert headers["x-kvgate-cache"] == "miss"

@@ -49,6 +49,7 @@ class Hit:
     answer: CachedAnswer
     similarity: float  # 1.0 for an exact hit
     entry_id: str
+    created: float  # wall-clock seconds when the answer was stored (the response's Age)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +104,7 @@ class ResponseCache:
             answer = self._decode(entry)
             if answer is not None:
                 self._count(EXACT)
-                return Lookup(Hit(EXACT, answer, 1.0, entry.id), None)
+                return Lookup(Hit(EXACT, answer, 1.0, entry.id, entry.created), None)
         vector = await self.embedding(key)
         if vector:
             found = await self._guarded(
@@ -113,7 +114,7 @@ class ResponseCache:
                 answer = self._decode(near)
                 if answer is not None:
                     self._count(SEMANTIC)
-                    return Lookup(Hit(SEMANTIC, answer, similarity, near.id), vector)
+                    return Lookup(Hit(SEMANTIC, answer, similarity, near.id, near.created), vector)
         leader = self._leaders.get(key.id) if follow_s is not None else None
         if leader is not None:
             try:
@@ -123,7 +124,7 @@ class ResponseCache:
                 answer = None
             if answer is not None:
                 self._count(EXACT)
-                return Lookup(Hit(EXACT, answer, 1.0, key.id), vector)
+                return Lookup(Hit(EXACT, answer, 1.0, key.id, self._wall_clock()), vector)
         self._count("miss")
         return Lookup(None, vector)
 

@@ -80,7 +80,10 @@ async def replay(request: web.Request, hit: Hit, kind: Kind, *, stream: bool,
     observation.usage = usage_of(answer)
     response_id = _ID_PREFIX[kind] + uuid.uuid4().hex
     created = int(time.time())
-    headers = {CACHE_HEADER: hit.tier, "x-kvgate-model": answer.model}
+    headers = {CACHE_HEADER: hit.tier, "x-kvgate-model": answer.model,
+               # RFC 9111's Age: how long ago the answer was made; the similarity says how near.
+               "Age": str(max(0, int(created - hit.created))),
+               "x-kvgate-cache-similarity": f"{hit.similarity:.3f}"}
     if not stream:
         return web.Response(body=render_json(answer, response_id=response_id, created=created),
                             content_type="application/json", headers=headers)
