@@ -1,13 +1,16 @@
 """What the gateway adds to a streamed request, measured on loopback.
 
-    python -m loadtest.proxy_bench [--requests 300] [--chunks 100] [--concurrency 1]
+    python -m loadtest.proxy_bench [--requests 300] [--chunks 100] [--concurrency 1] [--cache]
+        [--rounds 1]
 
 The same streamed chat requests go straight to a fast upstream (it writes `--chunks` SSE content
 events, then finish, usage if asked for, and [DONE], as fast as it can) and then through the
 gateway. Upstream, gateway and client share this process and one uvloop loop, so the difference
 between the two runs is the gateway's own CPU time: per request and per relayed chunk. The client
 does not ask for usage, so the gateway's run includes asking the upstream for it and dropping the
-usage event. Loopback only; the run is bounded by --requests.
+usage event. With --cache a third run goes through a gateway whose response cache is on (in
+memory) and never hits (every prompt differs): what looking a request up, collecting its streamed
+answer and storing it cost. Loopback only; the run is bounded by --requests.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import asyncio
 import time
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 
 import aiohttp
 import orjson
@@ -80,15 +84,16 @@ async def _upstream(events: Sequence[bytes]) -> tuple[web.AppRunner, str]:
 
 
 async def _run(http: aiohttp.ClientSession, base: str, requests: int, concurrency: int,
-               expected: int) -> float:
+               expected: int, tag: str) -> float:
     """Seconds to complete `requests` streamed requests, `concurrency` at a time."""
-    body = orjson.dumps({"model": MODEL, "stream": True,
-                         "messages": [{"role": "user", "content": "bench"}]})
     headers = {"Content-Type": "application/json"}
     todo = iter(range(requests))
 
     async def worker() -> None:
-        for _ in todo:
+        for i in todo:
+            # A prompt of its own per request: with the cache on, every request misses.
+            body = orjson.dumps({"model": MODEL, "stream": True,
+                                 "messages": [{"role": "user", "content": f"bench {tag} {i}"}]})
             async with http.post(base + "/v1/chat/completions", data=body,
                                  headers=headers) as resp:
                 size = 0
@@ -106,35 +111,53 @@ def _drop(outcome: Outcome) -> None:
     """No access log during the measurement."""
 
 
-async def bench(requests: int, chunks: int, concurrency: int) -> None:
+async def bench(requests: int, chunks: int, concurrency: int, cache: bool = False,
+                rounds: int = 1) -> None:
     events = _stream(chunks)
     # The client does not ask for usage; the gateway does, and drops the usage event it relays.
     expected = sum(len(e) for e in events if b'"usage"' not in e)
     runner, upstream = await _upstream(events)
+    runs: dict[str, float] = {}
     try:
-        settings = Settings.model_validate({
-            "server": {"port": 0},
-            "backends": [{"url": upstream, "models": [MODEL]}],
-            "routing": {"poll_interval_s": 3600},  # the fake upstream has no /metrics
-        })
-        async with running_gateway(settings, on_done=_drop) as gateway, \
-                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        async with AsyncExitStack() as stack:
+            http = await stack.enter_async_context(
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
+            targets = {"direct": upstream}
+            for name, cache_on in (("gateway", False), ("+cache", True))[:2 if cache else 1]:
+                settings = Settings.model_validate({
+                    "server": {"port": 0},
+                    "backends": [{"url": upstream, "models": [MODEL]}],
+                    "routing": {"poll_interval_s": 3600},  # the fake upstream has no /metrics
+                    "cache": {"enabled": cache_on, "max_entries": 4 * requests * rounds},
+                })
+                targets[name] = await stack.enter_async_context(
+                    running_gateway(settings, on_done=_drop))
             warmup = min(requests, 20)
-            await _run(http, upstream, warmup, concurrency, expected)
-            await _run(http, gateway, warmup, concurrency, expected)
-            direct = await _run(http, upstream, requests, concurrency, expected)
-            proxied = await _run(http, gateway, requests, concurrency, expected)
+            for base in targets.values():
+                await _run(http, base, warmup, concurrency, expected, "warm-up")
+            # Rounds alternate the targets and each keeps its best: a shared machine's noise
+            # only ever adds time.
+            for round_ in range(rounds):
+                for name, base in targets.items():
+                    seconds = await _run(http, base, requests, concurrency, expected,
+                                         f"run {round_}")
+                    runs[name] = min(runs.get(name, seconds), seconds)
     finally:
         await runner.cleanup()
     relayed = requests * len(events)
     print(f"{requests} streamed requests x {len(events)} SSE events, concurrency {concurrency}, "
-          f"one process on loopback")
-    for name, seconds in (("direct", direct), ("gateway", proxied)):
+          f"one process on loopback; best of {rounds} round{'s' if rounds > 1 else ''}")
+    for name, seconds in runs.items():
         print(f"  {name:8} {seconds:7.3f} s  {requests / seconds:9.1f} req/s  "
               f"{relayed / seconds:11.0f} events/s")
-    extra = proxied - direct
+    extra = runs["gateway"] - runs["direct"]
     print(f"  overhead {extra / requests * 1e3:7.3f} ms per request, "
           f"{extra / relayed * 1e6:6.2f} us per event (gateway CPU, incl. its two HTTP hops)")
+    if cache:
+        extra = runs["+cache"] - runs["gateway"]
+        print(f"  the cache, every request a miss: {extra / requests * 1e3:7.3f} ms per request, "
+              f"{extra / relayed * 1e6:6.2f} us per event more "
+              f"({runs['+cache'] / runs['gateway']:.2f}x the gateway's time)")
 
 
 def main() -> None:
@@ -143,13 +166,17 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--chunks", type=int, default=100, help="content events per stream")
     parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="alternate the runs this many times and keep each one's best")
+    parser.add_argument("--cache", action="store_true",
+                        help="also through a gateway with the response cache on, never hitting")
     args = parser.parse_args()
     if not 1 <= args.requests <= MAX_REQUESTS:
         parser.error(f"--requests must be in 1..{MAX_REQUESTS}")
-    if args.chunks < 1 or args.concurrency < 1:
-        parser.error("--chunks and --concurrency must be >= 1")
+    if args.chunks < 1 or args.concurrency < 1 or args.rounds < 1:
+        parser.error("--chunks, --concurrency and --rounds must be >= 1")
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(bench(args.requests, args.chunks, args.concurrency))
+        runner.run(bench(args.requests, args.chunks, args.concurrency, args.cache, args.rounds))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ refusals, reasoning text, several choices, errors, streams cut short) is not cac
 hit never serves an answer that lost something the backend said.
 
 Answers come from a backend's JSON body (`answer_from_body`) or from a relayed SSE stream
-(`StreamCollector`, fed the same whole lines the client gets), and are served back as an OpenAI
-JSON body (`render_json`) or as an OpenAI event stream (`render_events`). Everything here is pure.
+(`StreamCollector`, which keeps the relayed bytes and parses them once at the end), and are
+served back as an OpenAI JSON body (`render_json`) or as an OpenAI event stream
+(`render_events`). Everything here is pure.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ _FINISH_REASONS = ("stop", "length")
 _KINDS = ("chat", "text")
 # Message fields the cache cannot replay: a message carrying any of them (non-empty) is not kept.
 _UNCACHEABLE = ("tool_calls", "function_call", "refusal", "reasoning_content", "reasoning")
+_PLAIN = frozenset({"role", "content"})  # a message or delta with only these is plain text
+MAX_STREAM_BYTES = 4 << 20  # a relayed stream longer than this is not collected
 # A word with the whitespace after it (leading whitespace rides on the first word); whitespace-only
 # text is one piece. The matches tile the text, so "".join(pieces) == text.
 _PIECE = re.compile(r"\s*\S+\s*|\s+")
@@ -103,89 +106,88 @@ def answer_from_body(kind: Kind, body: bytes) -> CachedAnswer | None:
 
 
 class StreamCollector:
-    """Collects the answer of one relayed SSE stream (fed the same complete lines the client
-    gets; parses each `data:` line with orjson; cost matters little, it runs only on misses)."""
+    """Collects the answer of one relayed SSE stream, fed the same complete lines the client gets.
 
-    __slots__ = ("_kind", "_carry", "_pieces", "_model", "_finish_reason", "_usage", "_seen",
-                 "_spoiled")
+    `feed` runs once per relayed chunk, on the hot path: it only keeps the bytes. `answer` parses
+    them once, at the end, as one JSON array of the `data:` payloads (one C-level parse instead
+    of one per event). A stream longer than `MAX_STREAM_BYTES` is not kept: its memory is not
+    worth an answer that long."""
+
+    __slots__ = ("_kind", "_chunks", "_size")
 
     def __init__(self, kind: Kind) -> None:
         self._kind: Kind = kind
-        self._carry = b""  # an unterminated last line, completed by the next feed
-        self._pieces: list[str] = []
-        self._model: str | None = None
-        self._finish_reason: str | None = None  # the last non-null one
-        self._usage: dict[str, Any] = {}
-        self._seen = False  # a choice with index 0 arrived
-        self._spoiled = False  # something the cache cannot replay arrived: stop looking
+        self._chunks: list[bytes] | None = []  # None: too long, nothing to answer
+        self._size = 0
 
     def feed(self, lines: bytes) -> None:
-        """One or more complete lines (may hold many events, and blank or comment lines)."""
-        if self._spoiled:
+        """One or more complete lines (may hold many events, and blank or comment lines); an
+        unterminated last line is completed by the next feed."""
+        chunks = self._chunks
+        if chunks is None:
             return
-        if self._carry:
-            lines = self._carry + lines
-            self._carry = b""
-        end = lines.rfind(b"\n") + 1
-        self._carry = lines[end:]
-        for line in lines[:end].split(b"\n"):
-            if line.startswith(b"data:"):
-                self._read(line[5:].strip())
-                if self._spoiled:
-                    return
+        self._size += len(lines)
+        if self._size > MAX_STREAM_BYTES:
+            self._chunks = None
+            return
+        chunks.append(lines)
 
     def answer(self) -> CachedAnswer | None:
         """The stream's answer; None unless exactly choice index 0 was seen, text only (no tool
         call deltas), a finish_reason of stop/length, and no error event."""
-        finish_reason, model = self._finish_reason, self._model
-        if (self._spoiled or not self._seen or model is None or finish_reason is None
-                or finish_reason not in _FINISH_REASONS):
+        if self._chunks is None:
             return None
-        return CachedAnswer(kind=self._kind, model=model, text="".join(self._pieces),
-                            finish_reason=finish_reason,
-                            prompt_tokens=_token_count(self._usage.get("prompt_tokens")),
-                            completion_tokens=_token_count(self._usage.get("completion_tokens")))
-
-    def _read(self, payload: bytes) -> None:
-        if payload == b"[DONE]":
-            return
+        payloads = [line[5:].strip() for line in b"".join(self._chunks).split(b"\n")
+                    if line.startswith(b"data:")]
+        payloads = [p for p in payloads if p != b"[DONE]"]
+        if not payloads:
+            return None
         try:
-            event = orjson.loads(payload)
+            events = orjson.loads(b"[" + b",".join(payloads) + b"]")
         except orjson.JSONDecodeError:
-            event = None
+            return None  # a line that is not JSON: not a stream the cache can replay
+        return _answer_of(self._kind, events)
+
+
+def _answer_of(kind: Kind, events: list[Any]) -> CachedAnswer | None:
+    pieces: list[str] = []
+    model: str | None = None
+    finish_reason: str | None = None  # the last non-null one
+    usage: dict[str, Any] = {}
+    seen = False  # a choice with index 0 arrived
+    for event in events:
         if not isinstance(event, dict) or "error" in event:
-            self._spoiled = True
-            return
-        if self._model is None and isinstance(event.get("model"), str):
-            self._model = event["model"]
-        usage = event.get("usage")
-        if isinstance(usage, dict):
-            self._usage = usage
+            return None
+        if model is None and isinstance(event.get("model"), str):
+            model = event["model"]
+        if isinstance(event.get("usage"), dict):
+            usage = event["usage"]
         choices = event.get("choices", [])
         if not isinstance(choices, list):
-            self._spoiled = True
-            return
+            return None
         for choice in choices:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                self._spoiled = True
-                return
-            self._seen = True
-            if self._kind == "chat":
+                return None
+            seen = True
+            if kind == "chat":
                 delta = choice.get("delta")
                 if not isinstance(delta, dict) or _has_uncacheable(delta):
-                    self._spoiled = True
-                    return
+                    return None
                 text = delta.get("content")
             else:
                 text = choice.get("text")
             if isinstance(text, str):
-                self._pieces.append(text)
+                pieces.append(text)
             elif text is not None:
-                self._spoiled = True
-                return
-            finish_reason = choice.get("finish_reason")
-            if isinstance(finish_reason, str):
-                self._finish_reason = finish_reason
+                return None
+            if isinstance(choice.get("finish_reason"), str):
+                finish_reason = choice["finish_reason"]
+    if not seen or model is None or finish_reason not in _FINISH_REASONS:
+        return None
+    assert finish_reason is not None
+    return CachedAnswer(kind=kind, model=model, text="".join(pieces), finish_reason=finish_reason,
+                        prompt_tokens=_token_count(usage.get("prompt_tokens")),
+                        completion_tokens=_token_count(usage.get("completion_tokens")))
 
 
 def render_json(answer: CachedAnswer, *, response_id: str, created: int) -> bytes:
@@ -248,6 +250,8 @@ def render_events(answer: CachedAnswer, *, response_id: str, created: int,
 def _has_uncacheable(message: dict[str, Any]) -> bool:
     """Whether a chat message or delta carries something besides its text (tool calls, a
     refusal, reasoning); empty values (vLLM's `"tool_calls": []`) do not count."""
+    if message.keys() <= _PLAIN:  # nearly every delta: once per streamed token, so fast first
+        return False
     return any(message.get(key) for key in _UNCACHEABLE)
 
 
