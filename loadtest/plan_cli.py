@@ -78,16 +78,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
+def _custom(args: argparse.Namespace, fields: tuple[str, ...], named: str | None,
+            what: str) -> bool:
+    """Whether the custom-`what` flags `fields` are given: all of them, positive, and not with
+    the flag that names a known one (`named`); UsageError otherwise."""
+    given = [f for f in fields if getattr(args, f) is not None]
+    if not given:
+        return False
+    if named is not None:
+        raise UsageError(f"give --{what.lower()} or the custom-{what} flags, not both")
+    if len(given) < len(fields):
+        missing = [f for f in fields if f not in given]
+        raise UsageError(f"a custom {what} needs all of {_flags(list(fields))}; missing "
+                         f"{_flags(missing)}")
+    _positive(args, fields)
+    return True
+
+
 def _model(args: argparse.Namespace) -> ModelSpec:
-    given = [f for f in _CUSTOM_MODEL if getattr(args, f) is not None]
-    if given:
-        if args.model is not None:
-            raise UsageError("give --model or the custom-model flags, not both")
-        if len(given) < len(_CUSTOM_MODEL):
-            missing = [f for f in _CUSTOM_MODEL if f not in given]
-            raise UsageError("a custom model needs all of --params-b, --layers, --heads, "
-                             f"--kv-heads, --head-dim; missing {_flags(missing)}")
-        _positive(args, _CUSTOM_MODEL)
+    if _custom(args, _CUSTOM_MODEL, args.model, "model"):
         if args.heads % args.kv_heads:
             raise UsageError(f"--heads ({args.heads}) must be a multiple of --kv-heads "
                              f"({args.kv_heads})")
@@ -109,15 +118,7 @@ def _model(args: argparse.Namespace) -> ModelSpec:
 
 
 def _gpu(args: argparse.Namespace) -> GpuSpec:
-    given = [f for f in _CUSTOM_GPU if getattr(args, f) is not None]
-    if given:
-        if args.gpu is not None:
-            raise UsageError("give --gpu or the custom-GPU flags, not both")
-        if len(given) < len(_CUSTOM_GPU):
-            missing = [f for f in _CUSTOM_GPU if f not in given]
-            raise UsageError("a custom GPU needs all of --gpu-memory-gb, --gpu-bandwidth-tbs, "
-                             f"--gpu-tflops; missing {_flags(missing)}")
-        _positive(args, _CUSTOM_GPU)
+    if _custom(args, _CUSTOM_GPU, args.gpu, "GPU"):
         return GpuSpec(f"custom GPU {args.gpu_memory_gb:g}GB", hbm_bytes=args.gpu_memory_gb * 1e9,
                        bandwidth=args.gpu_bandwidth_tbs * 1e12, flops=args.gpu_tflops * 1e12)
     name = (args.gpu if args.gpu is not None else "h100").lower()

@@ -92,9 +92,8 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
     if proc.returncode is None:
         proc.terminate()
         try:
-            await asyncio.wait_for(proc.wait(), STOP_DEADLINE_S)
-        except TimeoutError:
-            pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), STOP_DEADLINE_S)
         finally:
             if proc.returncode is None:  # it would not stop, or we were cancelled
                 proc.kill()

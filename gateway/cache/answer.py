@@ -84,18 +84,10 @@ def answer_from_body(kind: Kind, body: bytes) -> CachedAnswer | None:
     if not isinstance(model, str) or not isinstance(choices, list) or len(choices) != 1:
         return None
     choice = choices[0]
-    if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-        return None
-    finish_reason = choice.get("finish_reason")
+    finish_reason = choice.get("finish_reason") if isinstance(choice, dict) else None
     if finish_reason not in _FINISH_REASONS:
         return None
-    if kind == "chat":
-        message = choice.get("message")
-        if not isinstance(message, dict) or _has_uncacheable(message):
-            return None
-        text = message.get("content")
-    else:
-        text = choice.get("text")
+    text = _text_of(kind, choice, "message")
     if not isinstance(text, str):
         return None
     usage = data.get("usage")
@@ -166,20 +158,12 @@ def _answer_of(kind: Kind, events: list[Any]) -> CachedAnswer | None:
         if not isinstance(choices, list):
             return None
         for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            text = _text_of(kind, choice, "delta")
+            if text is _UNREPLAYABLE:
                 return None
             seen = True
-            if kind == "chat":
-                delta = choice.get("delta")
-                if not isinstance(delta, dict) or _has_uncacheable(delta):
-                    return None
-                text = delta.get("content")
-            else:
-                text = choice.get("text")
             if isinstance(text, str):
                 pieces.append(text)
-            elif text is not None:
-                return None
             if isinstance(choice.get("finish_reason"), str):
                 finish_reason = choice["finish_reason"]
     if not seen or model is None or finish_reason not in _FINISH_REASONS:
@@ -245,6 +229,25 @@ def render_events(answer: CachedAnswer, *, response_id: str, created: int,
         events.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}) + b"\n\n")
     events.append(_DONE_EVENT)
     return events
+
+
+_UNREPLAYABLE = object()  # `_text_of`: a choice the cache cannot replay
+
+
+def _text_of(kind: Kind, choice: object, field: str) -> object:
+    """The text of one choice (`field`: "message" in a body, "delta" in a stream): a str, None
+    (a chunk without text), or _UNREPLAYABLE (another index, tool calls, a refusal, reasoning,
+    text that is not a string)."""
+    if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+        return _UNREPLAYABLE
+    if kind == "chat":
+        message = choice.get(field)
+        if not isinstance(message, dict) or _has_uncacheable(message):
+            return _UNREPLAYABLE
+        text = message.get("content")
+    else:
+        text = choice.get("text")
+    return text if text is None or isinstance(text, str) else _UNREPLAYABLE
 
 
 def _has_uncacheable(message: dict[str, Any]) -> bool:

@@ -66,7 +66,7 @@ class Bypass:
 
 
 class _TooDeep(Exception):
-    pass
+    """A body nested deeper than MAX_DEPTH: bypassed rather than hashed."""
 
 
 def cache_key(

@@ -176,7 +176,7 @@ class MemoryStore:
         return dict(self._counters)
 
     async def close(self) -> None:
-        pass
+        """Nothing to release: the entries go with the process."""
 
     def _expired(self, id: str, now: float) -> bool:
         expires = self._expires.get(id)
