@@ -110,7 +110,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings `kvgate serve`'s flags set, as `load_settings` overrides."""
     server: dict[str, Any] = {}
     if args.host is not None:
         server["host"] = args.host
@@ -121,7 +122,11 @@ def run(args: argparse.Namespace) -> int:
         overrides["backends"] = [{"url": url} for url in args.backend]
     if args.redis is not None:
         overrides["cache"] = {"enabled": True, "store": "redis", "redis_url": args.redis}
-    settings = load_settings(args.config, overrides=overrides)
+    return overrides
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config, overrides=overrides_of(args))
     if not settings.backends:
         raise UsageError("no backends: pass --backend URL or a --config file with backends")
     configure_logging(args.log_level)

@@ -25,12 +25,24 @@ def test_kubernetes_configmap_embeds_a_valid_config(tmp_path: Path) -> None:
     path.write_text(configmap["data"]["config.yaml"])
     settings = load_settings(path, environ={})
     assert len(settings.backend_specs()) == 2
+    assert (settings.cache.enabled, settings.cache.store) == (True, "redis")
 
 
-@pytest.mark.parametrize("service", ["sim-a", "sim-b", "gateway"])
+@pytest.mark.parametrize("service", ["sim-a", "sim-b", "sim-small", "gateway"])
 def test_compose_services_run_kvgate_subcommands_that_exist(service: str) -> None:
     from gateway.cli import build_parser
 
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     args = build_parser().parse_args(compose["services"][service]["command"])
     assert args.command in {"sim", "serve"}
+
+
+def test_the_compose_gateway_caches_in_redis_and_routes_auto_to_the_small_model() -> None:
+    from gateway.cli import build_parser
+    from gateway.serve import overrides_of
+
+    gateway = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]["gateway"]
+    args = build_parser().parse_args(gateway["command"])
+    settings = load_settings(environ=gateway["environment"], overrides=overrides_of(args))
+    assert settings.small_model_routes()["auto"].small == "llama-3.2-1b"
+    assert settings.cache.redis_url == "redis://redis:6379/0"
