@@ -37,6 +37,7 @@ from gateway.keys import (
     ARRIVED_AT,
     CLOCK,
     FLEET,
+    KEYRING,
     MODEL_ROUTES,
     PROXY,
     REQUEST_ID,
@@ -76,7 +77,8 @@ def create_app(
     )
     observer = Observer(telemetry, clock=clock, on_done=on_done)
     middlewares = [observer.middleware, error_middleware]
-    ring = KeyRing((key.digest(), KeyInfo(key.name, key.tenant or key.name, key.admin, key.rpm))
+    ring = KeyRing((key.digest(), KeyInfo(key.name, key.tenant or key.name, key.admin, key.rpm,
+                                          key.tpm))
                    for key in settings.auth.keys)
     if ring.enabled:  # inside the error middleware: a 401 is an OpenAI body, and recorded
         middlewares.append(auth_middleware(ring, protect_metrics=settings.auth.protect_metrics,
@@ -88,6 +90,7 @@ def create_app(
     )
     routing = settings.routing
     app[SETTINGS] = settings
+    app[KEYRING] = ring
     app[MODEL_ROUTES] = settings.small_model_routes()
     app[CLOCK] = clock
     app[STARTED_AT] = int(time.time())

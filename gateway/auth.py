@@ -40,6 +40,7 @@ class KeyInfo:
     tenant: str  # the fair-share tenant of every request made with this key
     admin: bool = False
     rpm: int | None = None  # completion requests a minute; None: no limit
+    tpm: int | None = None  # model tokens (prompt + output) a minute; None: no limit
 
 
 AUTH_KEY = web.RequestKey("auth_key", KeyInfo)  # the key a request was let in with
@@ -54,16 +55,26 @@ class KeyRing:
 
     def __init__(self, keys: Iterable[tuple[str, KeyInfo]]) -> None:
         self._by_digest = {sha: info for sha, info in keys}
-        self._buckets: dict[str, TokenBucket] = {}
+        self._requests: dict[str, TokenBucket] = {}  # by key name, for `rpm`
+        self._tokens: dict[str, TokenBucket] = {}  # by key name, for `tpm`
 
     def admit(self, info: KeyInfo, now: float) -> float:
         """0.0 when a completion request of `info` may go now, else seconds until one may."""
         if info.rpm is None:
             return 0.0
-        bucket = self._buckets.get(info.name)
-        if bucket is None:
-            bucket = self._buckets[info.name] = TokenBucket(info.rpm, now)
-        return bucket.take(now)
+        return _bucket(self._requests, info.name, info.rpm, now).take(now)
+
+    def charge(self, info: KeyInfo, tokens: int, now: float) -> float:
+        """0.0 when `tokens` (a request's estimate) may be computed for `info` now, and are
+        charged; else the seconds until they may."""
+        if info.tpm is None:
+            return 0.0
+        return _bucket(self._tokens, info.name, info.tpm, now).take(now, tokens)
+
+    def settle(self, info: KeyInfo, charged: int, used: int, now: float) -> None:
+        """A request charged `charged` tokens ended having used `used`."""
+        if info.tpm is not None:
+            _bucket(self._tokens, info.name, info.tpm, now).settle(now, charged - used)
 
     @property
     def enabled(self) -> bool:
@@ -71,6 +82,14 @@ class KeyRing:
 
     def check(self, key: str) -> KeyInfo | None:
         return self._by_digest.get(digest(key))
+
+
+def _bucket(buckets: dict[str, TokenBucket], name: str, per_minute: int,
+            now: float) -> TokenBucket:
+    bucket = buckets.get(name)
+    if bucket is None:
+        bucket = buckets[name] = TokenBucket(per_minute, now)
+    return bucket
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:

@@ -274,6 +274,7 @@ class ApiKeySettings(_Section):
     tenant: str | None = Field(default=None, min_length=1)  # default: the name
     admin: bool = False  # may read /admin/*
     rpm: int | None = Field(default=None, ge=1)  # completion requests a minute, per replica
+    tpm: int | None = Field(default=None, ge=1)  # model tokens a minute (gateway/ratelimit.py)
 
     @model_validator(mode="after")
     def _one_secret(self) -> ApiKeySettings:

@@ -6,21 +6,23 @@ Handlers validate at the edge and hand a ready `UpstreamCall` to the proxy. They
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from gateway.admission import GATE, job_of, tenant_of
-from gateway.auth import AUTH_KEY
+from gateway.auth import AUTH_KEY, KeyInfo
 from gateway.cache.cache import CacheTap
 from gateway.cache.http import admin_cache, consult
 from gateway.cache.keys import Kind
-from gateway.errors import BodyTooLarge, ModelNotFound
+from gateway.errors import BodyTooLarge, ModelNotFound, RateLimited
 from gateway.keys import (
     ARRIVED_AT,
     CLOCK,
     FLEET,
+    KEYRING,
     MODEL_ROUTES,
     OBSERVATION,
     PROXY,
@@ -28,8 +30,9 @@ from gateway.keys import (
     SETTINGS,
     STARTED_AT,
 )
-from gateway.observation import note_request
+from gateway.observation import note_request, prompt_text
 from gateway.proxy import UpstreamCall
+from gateway.ratelimit import estimated_tokens
 from gateway.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -84,10 +87,40 @@ async def _complete(
     try:
         if route is not None:
             model = choose(request, route, data, body.output_cap).model
-        return await _forward(request, path, raw, data, body, model, tenant, cached)
+        charged = _charge_tokens(request, key, data, body.output_cap)
+        try:
+            return await _forward(request, path, raw, data, body, model, tenant, cached)
+        finally:
+            if key is not None and charged:
+                _settle_tokens(request, key, charged)
     finally:
         if cached is not None:
             cached.release()  # identical requests waiting for this one's answer stop waiting
+
+
+def _charge_tokens(request: web.Request, key: KeyInfo | None, data: dict[str, Any],
+                   max_tokens: int | None) -> int:
+    """Charges a key with `tpm` the request's estimated tokens (0 without one); RateLimited
+    when its budget does not hold them (gateway/ratelimit.py)."""
+    if key is None or key.tpm is None:
+        return 0
+    tokens = estimated_tokens(len(prompt_text(data) or ""), max_tokens)
+    wait = request.app[KEYRING].charge(key, tokens, request.app[CLOCK]())
+    if wait > 0.0:
+        raise RateLimited(f"the key {key.name!r} is over its {key.tpm} tokens a minute",
+                          retry_after_s=max(1, math.ceil(wait)))
+    return tokens
+
+
+def _settle_tokens(request: web.Request, key: KeyInfo, charged: int) -> None:
+    """The request ended: its usage replaces its estimate (kept when no usage came)."""
+    outcome = request[OBSERVATION].outcome
+    usage = outcome.usage if outcome is not None else None
+    if usage is None:
+        return
+    used = sum(v for name in ("prompt_tokens", "completion_tokens")
+               if isinstance(v := usage.get(name), int))
+    request.app[KEYRING].settle(key, charged, used, request.app[CLOCK]())
 
 
 async def _forward(request: web.Request, path: str, raw: bytes, data: dict[str, Any],

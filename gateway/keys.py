@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
+from gateway.auth import KeyRing
 from gateway.cache.cache import ResponseCache
 from gateway.config import Settings
 from gateway.observation import Observation
@@ -34,6 +35,8 @@ TELEMETRY = web.AppKey("telemetry", Telemetry)
 # times, e.g. admission's `queue_start` / `queue_end`.
 OBSERVATION = web.RequestKey("observation", Observation)
 TIMING = web.RequestKey("timing", RequestTiming)
+# The API keys and their rate limits (gateway/auth.py); empty when auth is off.
+KEYRING = web.AppKey("keyring", KeyRing)
 # Small-model routing aliases (routing/model_select.py), by alias.
 MODEL_ROUTES: web.AppKey[Mapping[str, SmallModelRoute]] = web.AppKey("model_routes")
 # The response cache (gateway/cache); absent when `cache.enabled` is false.

@@ -1,9 +1,13 @@
-"""A token bucket: the per-key request rate limit (`auth.keys[].rpm`), pure, clock passed in.
+"""A token bucket: the per-key rate limits (`auth.keys[].rpm` and `tpm`), pure, clock passed in.
 
 A key with `rpm: N` may send N completion requests at once and then N a minute, one every 60/N
-seconds; a request beyond that gets 429 `rate_limit_exceeded` with Retry-After, the seconds until
-the bucket holds a token again. Each gateway replica counts its own requests: behind R replicas a
-key gets up to R x N a minute.
+seconds. A key with `tpm: T` may have T model tokens (prompt plus output) computed a minute: a
+request is charged its estimate when it is sent to a backend (the prompt's characters / 4 plus its
+`max_tokens`), and the difference from its usage is settled when it ends, so a key that asks for
+long answers and gets short ones is not held to the estimate. A request beyond either limit gets
+429 `rate_limit_exceeded` with Retry-After, the seconds until the bucket holds enough again. Cache
+hits compute no tokens and are not charged them. Each gateway replica counts its own: behind R
+replicas a key gets up to R times its limits.
 """
 
 from __future__ import annotations
@@ -14,18 +18,39 @@ class TokenBucket:
 
     def __init__(self, per_minute: int, now: float) -> None:
         if per_minute < 1:
-            raise ValueError(f"a rate limit needs at least 1 request a minute, not {per_minute}")
+            raise ValueError(f"a rate limit needs at least 1 a minute, not {per_minute}")
         self._rate = per_minute / 60.0  # tokens a second
         self._capacity = float(per_minute)
         self._tokens = self._capacity
         self._updated = now
 
-    def take(self, now: float) -> float:
-        """0.0 when a request may go now (its token taken), else the seconds until one may."""
+    def take(self, now: float, amount: float = 1.0) -> float:
+        """0.0 when `amount` may go now (and is taken), else the seconds until it may. An amount
+        over the capacity is charged the whole capacity: it goes when the bucket is full."""
+        self._refill(now)
+        amount = min(amount, self._capacity)
+        if self._tokens >= amount:
+            self._tokens -= amount
+            return 0.0
+        return (amount - self._tokens) / self._rate
+
+    def settle(self, now: float, delta: float) -> None:
+        """Gives back `delta` (or, negative, takes it: the balance may go below zero, and the
+        next requests wait it out)."""
+        self._refill(now)
+        self._tokens = min(self._capacity, self._tokens + delta)
+
+    def _refill(self, now: float) -> None:
         elapsed = max(0.0, now - self._updated)
         self._tokens = min(self._capacity, self._tokens + elapsed * self._rate)
         self._updated = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return 0.0
-        return (1.0 - self._tokens) / self._rate
+
+
+CHARS_PER_TOKEN = 4  # a prompt's token estimate: English text runs ~4 characters a token
+DEFAULT_OUTPUT_TOKENS = 256  # charged for a request without max_tokens, settled on its usage
+
+
+def estimated_tokens(prompt_chars: int, max_tokens: int | None) -> int:
+    """What a request is charged against `tpm` when it is sent."""
+    output = max_tokens if max_tokens is not None else DEFAULT_OUTPUT_TOKENS
+    return -(-prompt_chars // CHARS_PER_TOKEN) + output

@@ -3,10 +3,19 @@ completion request without a token gets 429 `rate_limit_exceeded` with Retry-Aft
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
-from gateway.ratelimit import TokenBucket
-from tests.test_gateway_auth import KEYS, USER_KEY, bearer, call, gateway
+from gateway.ratelimit import DEFAULT_OUTPUT_TOKENS, TokenBucket, estimated_tokens
+from tests.test_gateway_auth import (
+    ADMIN_KEY,
+    KEYS,
+    USER_KEY,
+    bearer,
+    call,
+    eventually_stored,
+    gateway,
+)
 
 
 def test_a_full_bucket_lets_a_burst_of_rpm_requests_through_then_says_how_long_to_wait() -> None:
@@ -46,3 +55,47 @@ async def test_a_key_over_its_rpm_gets_429_with_retry_after_and_other_keys_do_no
         assert (await call(http, "GET", url + "/v1/models", bearer(USER_KEY)))[0] == 200
         # Another key has its own (here no) limit.
         assert (await call(http, "POST", chat, bearer("sk-hashed-0123456789abcdef")))[0] == 200
+
+
+def test_a_bucket_charges_amounts_and_settles_the_difference() -> None:
+    bucket = TokenBucket(600, now=0.0)  # 10 tokens a second
+    assert bucket.take(0.0, 500) == 0.0
+    assert bucket.take(0.0, 200) == pytest.approx(10.0)  # 100 left: 100 more take 10 s
+    bucket.settle(0.0, 300)  # the 500 charged used 200
+    assert bucket.take(0.0, 200) == 0.0
+    bucket.settle(0.0, -400)  # it used 600: the balance goes below zero, and waits it out
+    assert bucket.take(0.0, 100) == pytest.approx(30.0)  # from -200 to 100 at 10 a second
+
+
+def test_an_amount_over_the_capacity_waits_for_a_full_bucket() -> None:
+    bucket = TokenBucket(60, now=0.0)
+    assert bucket.take(0.0, 1000) == 0.0  # charged the whole 60
+    assert bucket.take(30.0, 1000) == pytest.approx(30.0)
+
+
+def test_a_requests_estimate_is_its_prompt_over_4_plus_its_max_tokens() -> None:
+    assert estimated_tokens(401, 100) == 101 + 100
+    assert estimated_tokens(0, None) == DEFAULT_OUTPUT_TOKENS
+
+
+async def test_a_key_over_its_tpm_gets_429_and_a_cache_hit_is_not_charged() -> None:
+    keys = [{**KEYS[0], "tpm": 60}, *KEYS[1:]]
+    body = {"model": "llama-3-8b", "max_tokens": 40, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "hi"}]}
+    async with gateway({"keys": keys}, cache={"enabled": True}) as (url, http):
+        chat = url + "/v1/chat/completions"
+        async with http.post(chat, json=body, headers=bearer(USER_KEY)) as resp:
+            assert resp.status == 200  # charged 1 + 40, settled on its usage (over 40)
+            await resp.read()
+        await eventually_stored(http, url)
+        other = {**body, "messages": [{"role": "user", "content": "hello"}]}
+        async with http.post(chat, json=other, headers=bearer(USER_KEY)) as resp:
+            assert resp.status == 429
+            assert orjson.loads(await resp.read())["error"]["code"] == "rate_limit_exceeded"
+            assert int(resp.headers["Retry-After"]) >= 1
+        async with http.post(chat, json=body, headers=bearer(USER_KEY)) as resp:
+            assert resp.status == 200  # the same question: answered from the cache, uncharged
+            assert resp.headers["x-kvgate-cache"] == "exact"
+        # Another key's budget is its own.
+        async with http.post(chat, json=other, headers=bearer(ADMIN_KEY)) as resp:
+            assert resp.status == 200
