@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.admission import GATE, job_of, tenant_of
+from gateway.admission import GATE, body_usage, job_of, tenant_of
 from gateway.auth import AUTH_KEY, KeyInfo
 from gateway.cache.cache import CacheTap
 from gateway.cache.http import admin_cache, consult
@@ -88,11 +88,13 @@ async def _complete(
         if route is not None:
             model = choose(request, route, data, body.output_cap).model
         charged = _charge_tokens(request, key, data, body.output_cap)
+        response: web.StreamResponse | None = None
         try:
-            return await _forward(request, path, raw, data, body, model, tenant, cached)
+            response = await _forward(request, path, raw, data, body, model, tenant, cached)
+            return response
         finally:
             if key is not None and charged:
-                _settle_tokens(request, key, charged)
+                _settle_tokens(request, key, charged, response)
     finally:
         if cached is not None:
             cached.release()  # identical requests waiting for this one's answer stop waiting
@@ -112,14 +114,22 @@ def _charge_tokens(request: web.Request, key: KeyInfo | None, data: dict[str, An
     return tokens
 
 
-def _settle_tokens(request: web.Request, key: KeyInfo, charged: int) -> None:
-    """The request ended: its usage replaces its estimate (kept when no usage came)."""
+def _settle_tokens(request: web.Request, key: KeyInfo, charged: int,
+                   response: web.StreamResponse | None) -> None:
+    """The request ended: its usage (a stream's, or the JSON answer's) replaces its estimate.
+    One no backend took (refused by admission, or the client gone while queued) used nothing;
+    one a backend served without saying its usage keeps the estimate."""
     outcome = request[OBSERVATION].outcome
     usage = outcome.usage if outcome is not None else None
-    if usage is None:
+    if usage is None and isinstance(response, web.Response):
+        usage = body_usage(response.body)
+    if usage is not None:
+        used = sum(v for name in ("prompt_tokens", "completion_tokens")
+                   if isinstance(v := usage.get(name), int))
+    elif outcome is None or outcome.backend_id is None:
+        used = 0
+    else:
         return
-    used = sum(v for name in ("prompt_tokens", "completion_tokens")
-               if isinstance(v := usage.get(name), int))
     request.app[KEYRING].settle(key, charged, used, request.app[CLOCK]())
 
 

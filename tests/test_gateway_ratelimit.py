@@ -99,3 +99,21 @@ async def test_a_key_over_its_tpm_gets_429_and_a_cache_hit_is_not_charged() -> N
         # Another key's budget is its own.
         async with http.post(chat, json=other, headers=bearer(ADMIN_KEY)) as resp:
             assert resp.status == 200
+
+
+async def test_a_request_is_settled_on_its_usage_so_a_short_answer_frees_its_estimate() -> None:
+    keys = [{**KEYS[0], "tpm": 4000}, *KEYS[1:]]
+    async with gateway({"keys": keys}) as (url, http):
+        chat = url + "/v1/chat/completions"
+        first = {"model": "llama-3-8b", "max_tokens": 3000,
+                 "messages": [{"role": "user", "content": "hi"}]}  # charged 1 + 3000
+        async with http.post(chat, json=first, headers=bearer(USER_KEY)) as resp:
+            assert resp.status == 200
+            usage = orjson.loads(await resp.read())["usage"]
+        used = usage["prompt_tokens"] + usage["completion_tokens"]
+        assert used < 2400  # the simulator's answer to "hi" stops by itself well short
+        # Fits only if the first was settled on its usage (4000 - used left), not on its
+        # estimate (999 left).
+        second = {**first, "max_tokens": 3500 - used}
+        async with http.post(chat, json=second, headers=bearer(USER_KEY)) as resp:
+            assert resp.status == 200
