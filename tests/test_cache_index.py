@@ -63,22 +63,28 @@ def test_skip_leaves_members_out() -> None:
     assert found is not None and found[0] == "b"
 
 
-def test_it_agrees_with_a_brute_force_scan_on_random_sparse_vectors() -> None:
+@pytest.mark.parametrize("threshold", [0.3, 0.7, 0.9, 0.97])
+def test_it_agrees_with_a_brute_force_scan_on_random_sparse_vectors(threshold: float) -> None:
     rng = random.Random(7)
 
     def vector() -> Vector:
         return normalised({rng.randrange(64): rng.random() for _ in range(rng.randint(1, 12))})
 
+    def near(base: Vector) -> Vector:  # a member nudged: above most thresholds
+        nudged = {d: v * rng.uniform(0.8, 1.2) for d, v in base.items()}
+        nudged[rng.randrange(64)] = rng.random() * 0.3
+        return normalised(nudged)
+
     members = {f"m{i}": (vector(), float(i)) for i in range(200)}
     index = index_of(**members)
-    for _ in range(50):
-        query = vector()
+    queries = [vector() for _ in range(50)] + [near(members[f"m{i}"][0]) for i in range(50)]
+    for query in queries:
         scores = {id: cosine(query, v) for id, (v, _) in members.items()}
         best = max(scores, key=lambda id: (round(scores[id], 12), members[id][1]))
-        found = index.best(query, 0.3)
-        if scores[best] < 0.3:
+        found = index.best(query, threshold)
+        if scores[best] < threshold - 1e-9:
             assert found is None
-        else:
+        elif scores[best] >= threshold + 1e-9:
             assert found is not None
-            assert found[0] == best
             assert found[1] == pytest.approx(scores[best])
+            assert scores[found[0]] == pytest.approx(scores[best])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import bench_cache, bench_small_model
+from loadtest import bench_cache, bench_index, bench_small_model
 from loadtest.redis_server import redis_available
 
 
@@ -41,3 +41,7 @@ def test_the_small_model_benchmark_sends_the_easy_share_to_the_small_model(
     assert runs["auto, easy"]["small_share"] == pytest.approx(
         sum(not hard for hard, _ in plan) / 20)
     assert all(run["failed"] == 0 for run in runs.values())
+
+
+def test_the_index_benchmark_finds_what_a_brute_force_scan_finds() -> None:
+    assert bench_index.main(["--members", "40", "--lookups", "20"]) == 0
