@@ -629,3 +629,22 @@ async def test_without_follow_s_a_miss_does_not_wait(make_cache: MakeCache) -> N
     second = cache.tap(key, None)  # and does not lead while the first does
     leader.release()
     second.release()
+
+
+@pytest.mark.parametrize(("age", "max_age_s", "hit"), [
+    pytest.param(10.0, None, True, id="no max-age: any age"),
+    pytest.param(10.0, 60.0, True, id="younger than max-age: a hit"),
+    pytest.param(120.0, 60.0, False, id="older than max-age: a miss"),
+    pytest.param(1.0, 0.0, False, id="max-age 0: always a miss"),
+])
+async def test_max_age_refuses_older_answers_in_both_tiers(
+        age: float, max_age_s: float | None, hit: bool) -> None:
+    now = [WALL]
+    cache = ResponseCache(memory_store(), HASHING, threshold=THRESHOLD,
+                          wall_clock=lambda: now[0], clock=FakeClock())
+    await kept(cache)
+    now[0] = WALL + age
+    for question in (QUESTION, NEAR):  # the exact tier, then the semantic one
+        found = await cache.lookup(key_of(cache, question), max_age_s=max_age_s)
+        assert (found.hit is not None) is hit
+    await cache.close()

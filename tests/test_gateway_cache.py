@@ -20,6 +20,7 @@ import aiohttp
 import orjson
 import pytest
 
+from gateway.cache.http import cache_directives
 from gateway.config import Settings
 from gateway.serve import running_gateway
 from loadtest.sim.launch import running_sim
@@ -280,3 +281,29 @@ async def test_a_stream_does_not_wait_for_an_identical_request_in_flight() -> No
                                                    stream=True))
         assert (headers["x-kvgate-cache"], headers["x-kvgate-backend"]) == ("miss", "sim0")
         await first
+
+
+@pytest.mark.parametrize(
+    ("header", "directives"),
+    [
+        pytest.param("no-cache", {"no-cache": None}, id="a bare directive"),
+        pytest.param("No-Store, MAX-AGE=60", {"no-store": None, "max-age": "60"},
+                     id="names lower-cased, values kept"),
+        pytest.param('max-age="30", ,', {"max-age": "30"}, id="quotes and empty parts"),
+    ],
+)
+def test_cache_control_directives_are_read(header: str, directives: dict[str, str | None]
+                                           ) -> None:
+    assert cache_directives(header) == directives
+
+
+async def test_max_age_takes_only_an_answer_young_enough() -> None:
+    async with gateway() as (url, http):
+        await post(http, url, chat("How old is Rome?"))
+        await stored(http, url, 1)
+        _, headers, _ = await post(http, url, chat("How old is Rome?"),
+                                   {"Cache-Control": "max-age=3600"})
+        assert headers["x-kvgate-cache"] == "exact"
+        _, headers, _ = await post(http, url, chat("How old is Rome?"),
+                                   {"Cache-Control": "max-age=0"})
+        assert (headers["x-kvgate-cache"], headers["x-kvgate-backend"]) == ("miss", "sim0")

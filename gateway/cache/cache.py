@@ -95,11 +95,15 @@ class ResponseCache:
         """False while cooling down after a store failure: requests go by as `bypass`."""
         return self._clock() >= self._down_until
 
-    async def lookup(self, key: CacheKey, *, follow_s: float | None = None) -> Lookup:
+    async def lookup(self, key: CacheKey, *, follow_s: float | None = None,
+                     max_age_s: float | None = None) -> Lookup:
         """The answer stored for `key` or for the nearest question; a failing store is a miss.
         With `follow_s`, a miss whose identical request is in flight to a backend waits up to
-        that long for its answer (an exact hit when it comes whole and replayable)."""
+        that long for its answer (an exact hit when it comes whole and replayable). With
+        `max_age_s` (the client's `Cache-Control: max-age`), an older answer is a miss."""
         entry = await self._guarded(self.store.get(key.id), None)
+        if entry is not None and self._too_old(entry, max_age_s):
+            entry = None
         if entry is not None:
             answer = self._decode(entry)
             if answer is not None:
@@ -109,7 +113,7 @@ class ResponseCache:
         if vector:
             found = await self._guarded(
                 self.store.nearest(self._space(key), vector, self._threshold), None)
-            if found is not None:
+            if found is not None and not self._too_old(found[0], max_age_s):
                 near, similarity = found
                 answer = self._decode(near)
                 if answer is not None:
@@ -155,6 +159,9 @@ class ResponseCache:
                       answer=answer.to_bytes(), model=answer.model, query=key.query or "",
                       created=self._wall_clock())
         self._background(self._put(entry))
+
+    def _too_old(self, entry: Entry, max_age_s: float | None) -> bool:
+        return max_age_s is not None and self._wall_clock() - entry.created > max_age_s
 
     def _space(self, key: CacheKey) -> str:
         """The store's namespace: the key's, within the embedder's own vector space (vectors of

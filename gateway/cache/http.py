@@ -8,7 +8,8 @@ usage chunk when `stream_options.include_usage` is set), with `x-kvgate-cache: e
 
 The client steers it per request with `Cache-Control` (RFC 9111's request directives):
 `no-cache` skips the lookup (the fresh answer is still stored), `no-store` keeps the answer out
-of the cache. Either way the request is `bypass` when no lookup ran.
+of the cache (either way the request is `bypass` when no lookup ran), and `max-age=N` takes only
+an answer made at most N seconds ago.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ async def consult(request: web.Request, kind: Kind, body: Mapping[str, Any], mod
         return None
     directives = cache_directives(request.headers.get("Cache-Control", ""))
     store = "no-store" not in directives
+    max_age_s = _seconds(directives.get("max-age"))
     if "no-cache" in directives:
         return cache.tap(key, await cache.embedding(key)) if store else None
     observation = request[OBSERVATION]
@@ -56,7 +58,7 @@ async def consult(request: web.Request, kind: Kind, body: Mapping[str, Any], mod
     # A whole answer may wait for an identical request already in flight; a stream may not:
     # its first token would come only when the other's last did.
     follow_s = None if stream else request.app[SETTINGS].server.first_byte_timeout_s
-    found = await cache.lookup(key, follow_s=follow_s)
+    found = await cache.lookup(key, follow_s=follow_s, max_age_s=max_age_s)
     observation.timing.cache_end = clock()
     if found.hit is not None:
         return await replay(request, found.hit, kind, stream=stream, include_usage=include_usage)
@@ -64,11 +66,22 @@ async def consult(request: web.Request, kind: Kind, body: Mapping[str, Any], mod
     return cache.tap(key, found.vector) if store else None
 
 
-def cache_directives(value: str) -> frozenset[str]:
-    """The directive names of a Cache-Control header, lower-cased (`max-age=0` → `max-age`)."""
-    return frozenset(
-        part.split("=", 1)[0].strip().lower() for part in value.split(",") if part.strip()
-    )
+def cache_directives(value: str) -> dict[str, str | None]:
+    """The directives of a Cache-Control header: lower-cased names to their values, None for a
+    directive without one (`no-cache, max-age=60` → {"no-cache": None, "max-age": "60"})."""
+    directives: dict[str, str | None] = {}
+    for part in value.split(","):
+        name, has_value, given = part.partition("=")
+        if name.strip():
+            directives[name.strip().lower()] = given.strip().strip('"') if has_value else None
+    return directives
+
+
+def _seconds(value: str | None) -> float | None:
+    """A delta-seconds value (RFC 9111 1.2.2); None when absent or malformed (ignored)."""
+    if value is None or not value.isdigit():
+        return None
+    return float(value)
 
 
 async def replay(request: web.Request, hit: Hit, kind: Kind, *, stream: bool,
