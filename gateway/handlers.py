@@ -15,7 +15,7 @@ from aiohttp import web
 from gateway.admission import GATE, body_usage, job_of, tenant_of
 from gateway.auth import AUTH_KEY, KeyInfo
 from gateway.cache.cache import CacheTap
-from gateway.cache.http import admin_cache, consult
+from gateway.cache.http import admin_cache, admin_cache_flush, consult
 from gateway.cache.keys import Kind
 from gateway.errors import BodyTooLarge, ModelNotFound, RateLimited
 from gateway.keys import (
@@ -215,3 +215,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/ready", ready)
     app.router.add_get("/admin/backends", admin_backends)
     app.router.add_get("/admin/cache", admin_cache)
+    app.router.add_delete("/admin/cache", admin_cache_flush)

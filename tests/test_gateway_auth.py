@@ -109,11 +109,15 @@ async def test_a_completion_needs_a_listed_key(headers: dict[str, str], status: 
                      id="admin with a user key: 403"),
         pytest.param("/admin/backends", bearer(ADMIN_KEY), 200, id="admin with an admin key"),
         pytest.param("/admin/cache", bearer(ADMIN_KEY), 200, id="the cache view too"),
+        pytest.param("DELETE /admin/cache", bearer(USER_KEY), 403,
+                     id="flushing the cache needs an admin key"),
+        pytest.param("DELETE /admin/cache", bearer(ADMIN_KEY), 200, id="which may flush it"),
     ],
 )
 async def test_what_each_endpoint_asks(path: str, headers: dict[str, str], status: int) -> None:
+    method, _, path = path.rpartition(" ")
     async with gateway({"keys": KEYS}) as (url, http):
-        got, _, payload = await call(http, "GET", url + path, headers)
+        got, _, payload = await call(http, method or "GET", url + path, headers)
         assert got == status
         if status == 403:
             assert payload["error"]["code"] == "permission_denied"

@@ -307,3 +307,15 @@ async def test_max_age_takes_only_an_answer_young_enough() -> None:
         _, headers, _ = await post(http, url, chat("How old is Rome?"),
                                    {"Cache-Control": "max-age=0"})
         assert (headers["x-kvgate-cache"], headers["x-kvgate-backend"]) == ("miss", "sim0")
+
+
+async def test_an_admin_can_flush_the_cache() -> None:
+    async with gateway() as (url, http):
+        await post(http, url, chat("What is the capital of France?"))
+        await stored(http, url, 1)
+        async with http.delete(url + "/admin/cache") as resp:
+            assert resp.status == 200
+            assert orjson.loads(await resp.read()) == {"enabled": True, "removed": 1}
+        assert (await stored(http, url, 0))["entries"] == 0
+        _, headers, _ = await post(http, url, chat("What is the capital of France?"))
+        assert headers["x-kvgate-cache"] == "miss"

@@ -131,5 +131,18 @@ async def admin_cache(request: web.Request) -> web.Response:
         "entries": entries, "counters": counters}, dumps=_dumps)
 
 
+async def admin_cache_flush(request: web.Request) -> web.Response:
+    """DELETE /admin/cache: every entry and counter of the store removed (after a model's weights
+    changed under the same name, say); `{"removed": N}`. With a Redis store, every replica's."""
+    cache = request.app.get(CACHE)
+    if cache is None:
+        return web.json_response({"enabled": False, "removed": 0}, dumps=_dumps)
+    try:
+        removed = await cache.store.flush()
+    except Exception as exc:
+        raise CacheUnavailable(f"the cache store does not answer: {type(exc).__name__}") from exc
+    return web.json_response({"enabled": True, "removed": removed}, dumps=_dumps)
+
+
 def _dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
