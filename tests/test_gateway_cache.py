@@ -319,3 +319,23 @@ async def test_an_admin_can_flush_the_cache() -> None:
         assert (await stored(http, url, 0))["entries"] == 0
         _, headers, _ = await post(http, url, chat("What is the capital of France?"))
         assert headers["x-kvgate-cache"] == "miss"
+
+
+async def test_an_identical_stream_follows_one_in_flight_as_its_text_comes() -> None:
+    async with running_sim(model=MODEL, time_scale=1.0) as sim, \
+            gateway(sim_url=sim) as (url, http):
+        body = chat("Tell me about Lisbon.", max_tokens=64, stream=True)
+        first = asyncio.create_task(post(http, url, body))
+        await in_flight(http, url)
+        followers = await asyncio.gather(
+            post(http, url, body),
+            post(http, url, {**body, "stream_options": {"include_usage": True}}))
+        _, headers, leader = await first
+        assert (headers["x-kvgate-cache"], headers["x-kvgate-backend"]) == ("miss", "sim0")
+        for _, headers, raw in followers:
+            assert headers["x-kvgate-cache"] == "exact"
+            assert "x-kvgate-backend" not in headers
+            assert streamed_text(raw) == streamed_text(leader)
+        plain, with_usage = (events(raw) for _, _, raw in followers)
+        assert all(not e.get("usage") for e in plain)
+        assert with_usage[-1]["choices"] == [] and with_usage[-1]["usage"]["completion_tokens"]

@@ -87,7 +87,7 @@ def answer_from_body(kind: Kind, body: bytes) -> CachedAnswer | None:
     finish_reason = choice.get("finish_reason") if isinstance(choice, dict) else None
     if finish_reason not in _FINISH_REASONS:
         return None
-    text = _text_of(kind, choice, "message")
+    text = choice_text(kind, choice, "message")
     if not isinstance(text, str):
         return None
     usage = data.get("usage")
@@ -158,8 +158,8 @@ def _answer_of(kind: Kind, events: list[Any]) -> CachedAnswer | None:
         if not isinstance(choices, list):
             return None
         for choice in choices:
-            text = _text_of(kind, choice, "delta")
-            if text is _UNREPLAYABLE:
+            text = choice_text(kind, choice, "delta")
+            if text is UNREPLAYABLE:
                 return None
             seen = True
             if isinstance(text, str):
@@ -193,61 +193,85 @@ def render_json(answer: CachedAnswer, *, response_id: str, created: int) -> byte
     return orjson.dumps(body)
 
 
-def render_events(answer: CachedAnswer, *, response_id: str, created: int,
-                  include_usage: bool) -> list[bytes]:
-    """The OpenAI event stream for `answer`, one SSE event per item, ending with `[DONE]`: a word
-    or so of text per event. With `include_usage`, every chunk carries `"usage": null` and a
-    usage-only chunk (`"choices": []`) precedes `[DONE]`; it is left out when the counts are
-    unknown, as the cache has nothing true to say."""
-    chat = answer.kind == "chat"
-    head: dict[str, Any] = {"id": response_id,
-                            "object": "chat.completion.chunk" if chat else "text_completion",
-                            "created": created, "model": answer.model}
+class EventWriter:
+    """OpenAI stream chunks for one answer, as the text comes: `start`, a `piece` per piece of
+    text, then `end` with the whole answer (its finish reason and usage). With `include_usage`
+    every chunk carries `"usage": null` and a usage-only chunk (`"choices": []`) precedes
+    `[DONE]`; it is left out when the counts are unknown, as the cache has nothing true to say."""
 
-    def event(choice: dict[str, Any]) -> bytes:
-        chunk = {**head, "choices": [choice]}
-        if include_usage:
+    __slots__ = ("_chat", "_head", "_include_usage")
+
+    def __init__(self, kind: Kind, model: str, *, response_id: str, created: int,
+                 include_usage: bool) -> None:
+        self._chat = kind == "chat"
+        self._head: dict[str, Any] = {
+            "id": response_id, "object": "chat.completion.chunk" if self._chat
+            else "text_completion", "created": created, "model": model}
+        self._include_usage = include_usage
+
+    def start(self) -> bytes:
+        """A chat stream's first chunk (the assistant's role); nothing for a completion."""
+        return self._choice({"role": "assistant", "content": ""}, None) if self._chat else b""
+
+    def piece(self, text: str) -> bytes:
+        return self._choice({"content": text} if self._chat else text, None)
+
+    def end(self, answer: CachedAnswer) -> list[bytes]:
+        """The last events: the finish reason, the usage when asked for, `[DONE]`."""
+        events = [self._choice({} if self._chat else "", answer.finish_reason)]
+        usage = usage_of(answer)
+        if self._include_usage and usage is not None:
+            events.append(b"data: " + orjson.dumps({**self._head, "choices": [], "usage": usage})
+                          + b"\n\n")
+        events.append(_DONE_EVENT)
+        return events
+
+    def _choice(self, content: dict[str, str] | str, finish_reason: str | None) -> bytes:
+        if isinstance(content, dict):
+            choice: dict[str, Any] = {"index": 0, "delta": content}
+        else:
+            choice = {"index": 0, "text": content}
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish_reason
+        chunk = {**self._head, "choices": [choice]}
+        if self._include_usage:
             chunk["usage"] = None
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
-    def text_choice(piece: str, finish_reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish_reason}
 
-    def delta_choice(delta: dict[str, str], finish_reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-
-    pieces = _PIECE.findall(answer.text)
-    if chat:
-        events = [event(delta_choice({"role": "assistant", "content": ""}, None))]
-        events += [event(delta_choice({"content": piece}, None)) for piece in pieces]
-        events.append(event(delta_choice({}, answer.finish_reason)))
-    else:
-        events = [event(text_choice(piece, None)) for piece in pieces]
-        events.append(event(text_choice("", answer.finish_reason)))
-    usage = usage_of(answer)
-    if include_usage and usage is not None:
-        events.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}) + b"\n\n")
-    events.append(_DONE_EVENT)
-    return events
+def render_events(answer: CachedAnswer, *, response_id: str, created: int,
+                  include_usage: bool) -> list[bytes]:
+    """The OpenAI event stream for `answer` (`EventWriter`), one SSE event per item, ending with
+    `[DONE]`: a word or so of text per event."""
+    writer = EventWriter(answer.kind, answer.model, response_id=response_id, created=created,
+                         include_usage=include_usage)
+    start = writer.start()
+    return ([start] if start else []) + [writer.piece(piece) for piece in split_text(answer.text)] \
+        + writer.end(answer)
 
 
-_UNREPLAYABLE = object()  # `_text_of`: a choice the cache cannot replay
+def split_text(text: str) -> list[str]:
+    """`text` in pieces of a word with the whitespace after it; "".join(pieces) == text."""
+    return _PIECE.findall(text)
 
 
-def _text_of(kind: Kind, choice: object, field: str) -> object:
+UNREPLAYABLE = object()  # `choice_text`: a choice the cache cannot replay
+
+
+def choice_text(kind: Kind, choice: object, field: str) -> object:
     """The text of one choice (`field`: "message" in a body, "delta" in a stream): a str, None
-    (a chunk without text), or _UNREPLAYABLE (another index, tool calls, a refusal, reasoning,
+    (a chunk without text), or UNREPLAYABLE (another index, tool calls, a refusal, reasoning,
     text that is not a string)."""
     if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-        return _UNREPLAYABLE
+        return UNREPLAYABLE
     if kind == "chat":
         message = choice.get(field)
         if not isinstance(message, dict) or _has_uncacheable(message):
-            return _UNREPLAYABLE
+            return UNREPLAYABLE
         text = message.get("content")
     else:
         text = choice.get("text")
-    return text if text is None or isinstance(text, str) else _UNREPLAYABLE
+    return text if text is None or isinstance(text, str) else UNREPLAYABLE
 
 
 def _has_uncacheable(message: dict[str, Any]) -> bool:

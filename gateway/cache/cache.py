@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 
 from gateway.cache.answer import CachedAnswer, StreamCollector, answer_from_body
 from gateway.cache.keys import Bypass, CacheKey, Kind, cache_key
+from gateway.cache.live import Live
 from gateway.cache.store import CacheStore, Entry
 from gateway.cache.vectors import Vector
 
@@ -85,6 +86,8 @@ class ResponseCache:
         # Requests in flight to a backend on a miss, by key id: identical requests that want a
         # whole answer wait for the first one's instead of asking a GPU again.
         self._leaders: dict[str, asyncio.Future[CachedAnswer | None]] = {}
+        # The same for streams: identical streams follow a leading stream's text as it comes.
+        self._live: dict[str, Live] = {}
 
     def key(self, kind: Kind, body: Mapping[str, Any], model: str,
             scope: str | None = None) -> CacheKey | Bypass:
@@ -139,19 +142,31 @@ class ResponseCache:
             return None
         return await self._embedder.embed(key.query)
 
-    def tap(self, key: CacheKey, vector: Vector | None) -> CacheTap:
+    def tap(self, key: CacheKey, vector: Vector | None, *, stream: bool = False) -> CacheTap:
         """The store side of a miss. The first tap of a key leads: identical requests arriving
-        while it runs may wait for its answer (`lookup(follow_s=...)`) until it is `release`d."""
+        while it runs may wait for its answer (`lookup(follow_s=...)`), and identical streams
+        follow a leading stream (`live_of`), until it is `release`d."""
         leads = key.id not in self._leaders
+        live = None
         if leads:
             self._leaders[key.id] = asyncio.get_running_loop().create_future()
-        return CacheTap(self, key, vector, leads=leads)
+            if stream:
+                live = self._live[key.id] = Live(key.kind)
+        return CacheTap(self, key, vector, leads=leads, live=live)
+
+    def live_of(self, key: CacheKey) -> Live | None:
+        """The stream of `key` being relayed right now, if one is and can still be followed."""
+        live = self._live.get(key.id)
+        return None if live is None or live.spoiled or live.ended else live
 
     def settle(self, key: CacheKey, answer: CachedAnswer | None) -> None:
         """The leading request of `key` ended: its followers get `answer` (None: ask a backend)."""
         leader = self._leaders.pop(key.id, None)
         if leader is not None and not leader.done():
             leader.set_result(answer)
+        live = self._live.pop(key.id, None)
+        if live is not None:
+            live.end(answer)
 
     def keep(self, key: CacheKey, vector: Vector | None, answer: CachedAnswer) -> None:
         """Store `answer` in the background (the client already has it)."""
@@ -221,21 +236,24 @@ class ResponseCache:
 class CacheTap:
     """The proxy's view of the cache on a miss: sees the relayed answer, stores it if whole."""
 
-    __slots__ = ("_cache", "_key", "_vector", "_collector", "_leads")
+    __slots__ = ("_cache", "_key", "_vector", "_collector", "_leads", "_live")
 
     def __init__(self, cache: ResponseCache, key: CacheKey, vector: Vector | None, *,
-                 leads: bool = False) -> None:
+                 leads: bool = False, live: Live | None = None) -> None:
         self._cache = cache
         self._key = key
         self._vector = vector
         self._collector: StreamCollector | None = None
         self._leads = leads  # identical requests may be waiting for this one's answer
+        self._live = live  # identical streams may be following this one
 
     def stream_lines(self, lines: bytes) -> None:
         """Complete SSE lines as relayed to the client."""
         if self._collector is None:
             self._collector = StreamCollector(self._key.kind)
         self._collector.feed(lines)
+        if self._live is not None:
+            self._live.feed(lines)
 
     def stream_ended(self, usage: dict[str, Any] | None) -> None:
         """The stream ended whole (no failure): store what it said, if it can be replayed.

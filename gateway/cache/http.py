@@ -23,11 +23,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.cache.answer import render_events, render_json, usage_of
-from gateway.cache.cache import CacheTap, Hit
+from gateway.cache.answer import EventWriter, render_events, render_json, usage_of
+from gateway.cache.cache import EXACT, CacheTap, Hit
 from gateway.cache.keys import Bypass, Kind
+from gateway.cache.live import Live
 from gateway.errors import CacheUnavailable
 from gateway.keys import CACHE, CLOCK, OBSERVATION, SETTINGS
+from gateway.sse import DONE_EVENT, error_event
 from gateway.telemetry.outcome import CACHE_MISS
 
 CACHE_HEADER = "x-kvgate-cache"
@@ -51,7 +53,7 @@ async def consult(request: web.Request, kind: Kind, body: Mapping[str, Any], mod
     store = "no-store" not in directives
     max_age_s = _seconds(directives.get("max-age"))
     if "no-cache" in directives:
-        return cache.tap(key, await cache.embedding(key)) if store else None
+        return cache.tap(key, await cache.embedding(key), stream=stream) if store else None
     observation = request[OBSERVATION]
     clock = request.app[CLOCK]
     observation.timing.cache_start = clock()
@@ -62,8 +64,13 @@ async def consult(request: web.Request, kind: Kind, body: Mapping[str, Any], mod
     observation.timing.cache_end = clock()
     if found.hit is not None:
         return await replay(request, found.hit, kind, stream=stream, include_usage=include_usage)
+    live = cache.live_of(key) if stream else None
+    if live is not None:
+        followed = await follow(request, live, kind, include_usage=include_usage)
+        if followed is not None:
+            return followed
     observation.cache = CACHE_MISS
-    return cache.tap(key, found.vector) if store else None
+    return cache.tap(key, found.vector, stream=stream) if store else None
 
 
 def cache_directives(value: str) -> dict[str, str | None]:
@@ -112,6 +119,66 @@ async def replay(request: web.Request, hit: Hit, kind: Kind, *, stream: bool,
         await response.write(b"".join(events))
         await response.write_eof()
     return response
+
+
+async def follow(request: web.Request, live: Live, kind: Kind, *,
+                 include_usage: bool) -> web.StreamResponse | None:
+    """An identical stream's text, relayed as it comes (an `exact` hit); None when the leader
+    failed or turned out unreplayable before a byte was sent (the caller asks a backend)."""
+    waker = live.subscribe()
+    response: web.StreamResponse | None = None
+    writer: EventWriter | None = None
+    sent = 0
+    try:
+        while True:
+            pieces = live.read(sent)
+            if live.spoiled or (live.ended and live.answer is None):
+                break
+            if (pieces or live.ended) and response is None:
+                model = live.answer.model if live.answer is not None else live.model or "-"
+                response, writer = await _start(request, kind, model, include_usage)
+            if pieces:
+                assert response is not None and writer is not None
+                await response.write(b"".join(writer.piece(piece) for piece in pieces))
+                if not sent:  # TTFT: the first text, not the role chunk before it
+                    request[OBSERVATION].timing.first_byte = request.app[CLOCK]()
+                sent += len(pieces)
+            if live.ended and live.answer is not None:
+                assert response is not None and writer is not None
+                request[OBSERVATION].usage = usage_of(live.answer)
+                await response.write(b"".join(writer.end(live.answer)))
+                await response.write_eof()
+                return response
+            await waker.wait()
+            waker.clear()
+    except ConnectionResetError:  # the client left
+        return response
+    finally:
+        live.unsubscribe(waker)
+    if response is None:
+        return None
+    # The leader failed after this stream began: end it as the proxy ends a broken stream.
+    await response.write(error_event("the identical request this stream followed failed",
+                                     code="upstream_stream_failed") + DONE_EVENT)
+    await response.write_eof()
+    return response
+
+
+async def _start(request: web.Request, kind: Kind, model: str,
+                 include_usage: bool) -> tuple[web.StreamResponse, EventWriter]:
+    """A followed stream's response, its headers and first chunk sent."""
+    observation = request[OBSERVATION]
+    observation.cache = EXACT
+    observation.response_model = model
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no", CACHE_HEADER: EXACT, "x-kvgate-model": model,
+        "x-kvgate-cache-similarity": "1.000"})
+    await response.prepare(request)
+    writer = EventWriter(kind, model, response_id=_ID_PREFIX[kind] + uuid.uuid4().hex,
+                         created=int(time.time()), include_usage=include_usage)
+    await response.write(writer.start())
+    return response, writer
 
 
 async def admin_cache(request: web.Request) -> web.Response:
