@@ -4,7 +4,9 @@ and wakes them; a follower parses what arrived since it last looked."""
 from __future__ import annotations
 
 import orjson
+import pytest
 
+import gateway.cache.live as live_module
 from gateway.cache.answer import CachedAnswer, EventWriter, split_text
 from gateway.cache.live import Live
 
@@ -62,3 +64,24 @@ async def test_every_follower_is_woken_by_each_chunk_and_by_the_end() -> None:
     live.unsubscribe(one)
     live.unsubscribe(two)
     assert not live.followed
+
+
+def test_a_stream_too_long_to_keep_unread_cannot_be_followed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live_module, "MAX_STREAM_BYTES", 100)
+    live = Live("chat")
+    for chunk in relayed(ANSWER):
+        live.feed(chunk)
+    assert live.spoiled and live.read(0) == []
+
+
+def test_a_followed_stream_keeps_its_text_not_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live_module, "MAX_STREAM_BYTES", 100)
+    live = Live("chat")
+    waker = live.subscribe()
+    for chunk in relayed(ANSWER):
+        live.feed(chunk)
+        live.read(0)  # the follower keeps up: what it has parsed is let go
+    assert not live.spoiled
+    assert "".join(live.read(0)) == ANSWER.text
+    live.unsubscribe(waker)

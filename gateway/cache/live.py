@@ -14,18 +14,18 @@ import asyncio
 
 import orjson
 
-from gateway.cache.answer import UNREPLAYABLE, CachedAnswer, choice_text
+from gateway.cache.answer import MAX_STREAM_BYTES, UNREPLAYABLE, CachedAnswer, choice_text
 from gateway.cache.keys import Kind
 
 
 class Live:
-    __slots__ = ("_kind", "_raw", "_read_upto", "_carry", "_pieces", "_wakers", "model",
-                 "spoiled", "ended", "answer")
+    __slots__ = ("_kind", "_raw", "_size", "_carry", "_pieces", "_wakers", "model", "spoiled",
+                 "ended", "answer")
 
     def __init__(self, kind: Kind) -> None:
         self._kind: Kind = kind
-        self._raw: list[bytes] = []  # the relayed chunks, as the leader's client got them
-        self._read_upto = 0  # chunks parsed into `_pieces`
+        self._raw: list[bytes] = []  # relayed chunks not parsed yet, as the leader's client got
+        self._size = 0  # their bytes: past MAX_STREAM_BYTES unparsed, no one may follow any more
         self._carry = b""  # an unterminated last line
         self._pieces: list[str] = []
         self._wakers: set[asyncio.Event] = set()  # one per follower
@@ -40,7 +40,13 @@ class Live:
 
     def feed(self, lines: bytes) -> None:
         """The leader relayed `lines` (its hot path: no parsing here)."""
+        if self.spoiled:
+            return
         self._raw.append(lines)
+        self._size += len(lines)
+        if self._size > MAX_STREAM_BYTES and not self._wakers:
+            self.spoiled = True  # too long to keep for a follower who may never come
+            self._raw.clear()
         self._wake()
 
     def end(self, answer: CachedAnswer | None) -> None:
@@ -59,10 +65,11 @@ class Live:
         self._wakers.discard(waker)
 
     def read(self, start: int) -> list[str]:
-        """The text pieces from the `start`th on, parsing what arrived since the last read."""
-        if self._read_upto < len(self._raw):
-            self._parse(b"".join(self._raw[self._read_upto:]))
-            self._read_upto = len(self._raw)
+        """The text pieces from the `start`th on, parsing what arrived since the last read (the
+        parsed chunks are let go: the text is kept, for followers who come later)."""
+        if self._raw:
+            data, self._raw, self._size = b"".join(self._raw), [], 0
+            self._parse(data)
         return self._pieces[start:]
 
     def _wake(self) -> None:
