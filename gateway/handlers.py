@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.admission import GATE, body_usage, job_of, tenant_of
+from gateway.admission import GATE, Overloaded, body_usage, job_of, tenant_of
 from gateway.auth import AUTH_KEY, KeyInfo
 from gateway.cache.cache import CacheTap
 from gateway.cache.http import admin_cache, admin_cache_flush, consult
@@ -41,6 +41,7 @@ from gateway.schemas import (
     validate,
 )
 from gateway.small_model import choose
+from routing.model_select import LARGE_FREE, OVERFLOW
 
 JSON = "application/json"
 KINDS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "text"}
@@ -85,12 +86,22 @@ async def _complete(
     if isinstance(cached, web.StreamResponse):
         return cached
     try:
-        if route is not None:
-            model = choose(request, route, data, body.output_cap).model
+        selection = choose(request, route, data, body.output_cap) if route else None
+        if selection is not None:
+            model = selection.model
         charged = _charge_tokens(request, key, data, body.output_cap)
         response: web.StreamResponse | None = None
         try:
-            response = await _forward(request, path, raw, data, body, model, tenant, cached)
+            try:
+                response = await _forward(request, path, raw, data, body, model, tenant, cached)
+            except Overloaded:
+                if route is None or selection is None or selection.reason != LARGE_FREE:
+                    raise
+                # Mode overflow: the large model refused an easy request (its queue is full, or
+                # it is past its TPOT SLO): the small one takes it instead of a 429.
+                observation.small_model, observation.model_reason = True, OVERFLOW
+                response = await _forward(request, path, raw, data, body, route.small, tenant,
+                                          cached)
             return response
         finally:
             if key is not None and charged:

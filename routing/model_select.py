@@ -8,7 +8,9 @@ the route's hard markers (code fences, "step by step", "prove", ...). Then:
 - mode `easy`: every easy request goes to the small model;
 - mode `overflow`: an easy request goes to the small model only while the large model is busy
   (requests wait for it in the gateway queue, or every backend serving it reports waiting
-  sequences or KV usage at its high-water mark), so the large model serves everything it can.
+  sequences or KV usage at its high-water mark), so the large model serves everything it can;
+  and when the large model's admission refuses one (429: its queue is full, or it is past its
+  TPOT SLO), the small model takes it instead (gateway/handlers.py).
 
 A hard request always goes to the large model, and so does an easy one when no healthy backend
 serves the small model. A client that names a model gets that model: only the alias chooses.
@@ -25,6 +27,8 @@ from typing import Literal
 from routing.state import Candidate
 
 Mode = Literal["easy", "overflow"]
+OVERFLOW = "overflow"  # a Selection's reason: an easy request the busy large model passes on
+LARGE_FREE = "large_free"  # and one the large model has room for (mode overflow)
 CHARS_PER_TOKEN = 4  # the prompt-length estimate: English text runs ~4 characters a token
 DEFAULT_HARD_MARKERS = (
     "```", "step by step", "step-by-step", "prove", "proof", "derive", "theorem", "algorithm",
@@ -102,6 +106,6 @@ def select(route: SmallModelRoute, ask: Ask, *, small_available: bool,
         return Selection(route.large, False, "small_unavailable")
     if route.mode == "overflow":
         if not busy:
-            return Selection(route.large, False, "large_free")
-        return Selection(route.small, True, "overflow")
+            return Selection(route.large, False, LARGE_FREE)
+        return Selection(route.small, True, OVERFLOW)
     return Selection(route.small, True, "easy")

@@ -23,16 +23,20 @@ SMALL = PRESETS[SMALL_PRESET].model_name
 
 
 @asynccontextmanager
-async def gateway(mode: str = "easy", *, with_small: bool = True, cache: bool = False
+async def gateway(mode: str = "easy", *, with_small: bool = True, cache: bool = False,
+                  time_scale: float = 20.0, routing: dict[str, Any] | None = None,
+                  large_blocks: int | None = None
                   ) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
     async with AsyncExitStack() as stack:
         backends = [{"id": "large", "url": await stack.enter_async_context(
-            running_sim(preset=DEFAULT_PRESET, time_scale=20.0))}]
+            running_sim(preset=DEFAULT_PRESET, time_scale=time_scale,
+                        num_gpu_blocks=large_blocks))}]
         if with_small:
             backends.append({"id": "small", "url": await stack.enter_async_context(
                 running_sim(preset=SMALL_PRESET, time_scale=20.0, seed=1))})
         settings = Settings.model_validate({
-            "server": {"port": 0}, "backends": backends, "routing": {"poll_interval_s": 0.05},
+            "server": {"port": 0}, "backends": backends,
+            "routing": {"poll_interval_s": 0.05, **(routing or {})},
             "small_model": [{"alias": "auto", "large": LARGE, "small": SMALL, "mode": mode}],
             "cache": {"enabled": cache},
         })
@@ -134,3 +138,26 @@ async def test_the_cache_answers_the_alias_before_any_model_is_chosen() -> None:
             # Who names the large model asked for it: the small one's answer is not it.
             assert resp.headers["x-kvgate-cache"] == "miss"
             assert resp.headers["x-kvgate-model"] == LARGE
+
+
+async def test_overflow_sends_an_easy_request_the_large_model_refuses_to_the_small_one() -> None:
+    # The large backend's KV holds 42 blocks; the first request will hold 36 at its peak, so
+    # nothing more fits under the 0.9 high-water mark, and with no gateway queue the large
+    # model refuses (429 queue_full) while its KV, as scraped, is still mostly free.
+    routing = {"queue": {"max_depth": 0}, "tpot_slo_s": None}
+    async with gateway("overflow", time_scale=1.0, routing=routing, large_blocks=42) as (
+            url, http):
+        long = {"model": LARGE, "stream": True, "max_tokens": 560, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "Write a long story."}]}
+        async with http.post(url + "/v1/chat/completions", json=long) as first:
+            async for line in first.content:  # its first token: the large model's speed is read
+                if b'"content":"' in line.replace(b'"content":""', b""):
+                    break
+            easy = {"model": LARGE, "max_tokens": 16,
+                    "messages": [{"role": "user", "content": "What is 2 and 2?"}]}
+            async with http.post(url + "/v1/chat/completions", json=easy) as refused:
+                assert refused.status == 429  # the large model, named: refused
+            headers = await ask(http, url, "What is the capital of France?")
+            assert (headers["x-kvgate-model"], headers["x-kvgate-model-reason"]) == (
+                SMALL, "overflow")
+            first.close()
