@@ -4,11 +4,14 @@ Two tiers over one store (DESIGN.md, "the request's path"):
 - `exact`: the canonical request's hash (keys.py): same model, messages or prompt and every
   parameter that can change the answer;
 - `semantic`: the nearest earlier question by an embedder's cosine similarity (embed.py,
-  vectors.py), among the entries that share everything but the question.
+  vectors.py, index.py), among the entries that share everything but the question.
+Identical requests in flight ask a backend once: a whole answer waits for the first one's, a
+stream follows it live (live.py).
 
-Modules: keys.py and embed.py and answer.py are pure (what is cacheable, its key, its vector, the
-answer and its replay); store.py (MemoryStore) and redis_store.py (RedisStore, shared by every
-replica) keep entries; cache.py (`ResponseCache`) runs the tiers and fails open; http.py is the
-handler's side (lookup, replay, `Cache-Control`); setup.py builds it from `CacheSettings`; admin.py
-is `kvgate cache`.
+Modules: keys.py, embed.py, vectors.py, index.py and answer.py are pure (what is cacheable, its
+key, its vector, the search, the answer and its replay); store.py (MemoryStore) and
+redis_store.py (RedisStore, shared by every replica) keep entries; cache.py (`ResponseCache`)
+runs the tiers, leads identical requests and fails open; live.py is a stream being followed;
+http.py is the handler's side (lookup, replay, following, `Cache-Control`, /admin/cache);
+setup.py builds it from `CacheSettings`; admin.py is `kvgate cache`.
 """
