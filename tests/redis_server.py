@@ -1,5 +1,6 @@
 """Redis for the tests: `loadtest.redis_server.running_redis` (a throwaway redis-server on a free
-loopback port, stopped at exit) that skips the test when redis-server is not installed, and a
+loopback port, stopped at exit) that fails the test, naming the fix, when redis-server is not
+installed (./scripts/test.sh installs it: a missing one is a broken setup, not a pass), and a
 synchronous form for tests of code that runs its own event loop."""
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from loadtest import redis_server
 
 @contextlib.asynccontextmanager
 async def running_redis() -> AsyncIterator[str]:
-    """Yields "redis://127.0.0.1:PORT/0" of a redis-server of this test's own; skips the test
-    only when redis-server is not on PATH."""
+    """Yields "redis://127.0.0.1:PORT/0" of a redis-server of this test's own (the test fails
+    when redis-server is not on PATH)."""
     if not redis_server.redis_available():
-        pytest.skip("redis-server is not on PATH (apt-get install redis-server)")
+        pytest.fail("redis-server is not on PATH: run ./scripts/test.sh, or apt-get install"
+                    " redis-server")
     async with redis_server.running_redis() as url:
         yield url
 
@@ -28,7 +30,7 @@ async def running_redis() -> AsyncIterator[str]:
 def running_redis_sync() -> Iterator[str]:
     """`running_redis()` for a synchronous test, e.g. one calling code that runs its own
     `asyncio.run`: an event loop in a background thread starts the server and later stops it,
-    so the test's thread has no loop of its own. A skip or failure to start is raised here."""
+    so the test's thread has no loop of its own. A failure to start is raised here."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="running_redis_sync", daemon=True)
     thread.start()
