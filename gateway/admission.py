@@ -10,30 +10,23 @@
   gate's background task (`running`) pumps while anything is queued, every `tick_s` (the poll
   interval, so a scrape is acted on within one interval) and at the next queue deadline, which
   answers timed-out requests on time.
-- Who is asking: the tenant is the `x-kvgate-tenant` header, else a hash of the Authorization
-  bearer token (never the token itself), else "anonymous"; the priority class is the priority
-  header (an integer, higher first, default 0); the session is the body's `user` field or the
-  configured session header. API keys with classes do not exist yet: these headers stand in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import importlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from gateway.config import RoutingSettings
-from gateway.errors import GatewayError, InvalidRequest, NoHealthyBackend
+from gateway.errors import GatewayError, NoHealthyBackend
 from routing.cost import CostModel, Tokenizer
 from routing.dispatch import (
-    DEFAULT_TENANT,
     OVER_SLO,
     QUEUE_TIMEOUT,
     TENANT_QUEUE_FULL,
@@ -47,9 +40,6 @@ from routing.dispatch import (
 )
 from routing.fleet import Fleet
 from routing.policy import Router
-from routing.prefix import conversation_text
-
-MAX_PRIORITY = 1_000_000  # |priority| beyond this is a client error, not a class
 
 
 class Overloaded(GatewayError):
@@ -199,108 +189,6 @@ class Gate:
             self.pump()
 
 
-# Who is asking, from the request.
-
-
-def tenant_of(headers: Mapping[str, str], tenant_header: str) -> str:
-    given = headers.get(tenant_header, "").strip()
-    if given:
-        return given[:128]
-    auth = headers.get("Authorization", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        digest = hashlib.sha256(token.strip().encode()).hexdigest()
-        return f"key-{digest[:16]}"
-    return DEFAULT_TENANT
-
-
-def priority_of(headers: Mapping[str, str], priority_header: str) -> int:
-    raw = headers.get(priority_header)
-    if raw is None or not raw.strip():
-        return 0
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = MAX_PRIORITY + 1
-    if abs(value) > MAX_PRIORITY:
-        raise InvalidRequest(f"header {priority_header}: must be an integer priority class, "
-                             f"got {raw!r}", param=priority_header)
-    return value
-
-
-def prompt_of(body: Mapping[str, Any]) -> tuple[str, int | None]:
-    """(canonical prompt text, exact prompt tokens when the client sent token ids). Chat: the
-    conversation's roles and text (text parts of multi-part contents); completions: the prompt
-    string(s)."""
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        pairs: list[tuple[str, str]] = []
-        for message in messages:
-            if not isinstance(message, Mapping):
-                continue
-            content = message.get("content")
-            if isinstance(content, list):
-                content = "".join(part.get("text", "") for part in content
-                                  if isinstance(part, Mapping)
-                                  and isinstance(part.get("text"), str))
-            pairs.append((str(message.get("role", "")),
-                          content if isinstance(content, str) else ""))
-        return conversation_text(pairs), None
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt, None
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, str) for p in prompt):
-            return "\n".join(prompt), None
-        if all(isinstance(t, int) for t in prompt):
-            return "", len(prompt)
-        return "", sum(len(p) for p in prompt if isinstance(p, list))
-    return "", None
-
-
-def job_of(request: web.Request, body: Mapping[str, Any], *, model: str, request_id: str,
-           max_tokens: int | None, stream: bool, priority_header: str,
-           session_header: str | None, tenant: str) -> Job:
-    """The Job for a request of `tenant` (its API key's, gateway/auth.py, else `tenant_of`)."""
-    headers = request.headers
-    prompt, exact = prompt_of(body)
-    session: str | None = None
-    if session_header is not None:
-        session = headers.get(session_header) or None
-    user = body.get("user")
-    if session is None and isinstance(user, str) and user:
-        session = user
-    salt = body.get("cache_salt")
-    return Job(
-        request_id=request_id, model=model, prompt=prompt, max_tokens=max_tokens,
-        prompt_tokens=exact, priority=priority_of(headers, priority_header),
-        tenant=tenant, session=session,
-        cache_salt=salt if isinstance(salt, str) else None, stream=stream,
-    )
-
-
-def completion_of(usage: Mapping[str, Any] | None, *, dispatched_at: float,
-                  first_token_at: float | None, ended_at: float,
-                  text_events: int = 0, choices: int = 1) -> Completion:
-    """What a finished request teaches the cost model and the backend's profile. A stream
-    without usage (a backend that ignores `stream_options`) is timed over its `text_events`,
-    one token each; the cost model learns output lengths only from usage. With `choices` (the
-    body's `n`) above 1 the choices decode side by side, and usage and events count them all:
-    each figure is per choice."""
-    prompt = usage.get("prompt_tokens") if usage else None
-    output = usage.get("completion_tokens") if usage else None
-    prompt = prompt if isinstance(prompt, int) else None
-    output = output // choices if isinstance(output, int) and choices >= 1 else None
-    text_events = text_events // max(1, choices)
-    ttft = None if first_token_at is None else first_token_at - dispatched_at
-    tpot = None
-    tokens = output if output is not None else text_events
-    if first_token_at is not None and tokens > 1:
-        tpot = (ended_at - first_token_at) / (tokens - 1)
-    return Completion(prompt_tokens=prompt, completion_tokens=output, ttft_s=ttft, tpot_s=tpot,
-                      duration_s=ended_at - dispatched_at)
-
-
 # Exact tokenizers, when configured.
 
 
@@ -318,55 +206,6 @@ class _HfTokenizer:
 def load_tokenizers(paths: Mapping[str, str]) -> dict[str, Tokenizer]:
     """One exact tokenizer per model from its tokenizer.json (config validated the paths)."""
     return {model: _HfTokenizer(path) for model, path in paths.items()}
-
-
-class Routed:
-    """What admission and routing decided for one call, filled in by the proxy: read back into
-    the call's Outcome and into the routed response's headers (`stamp_route`)."""
-
-    __slots__ = ("dispatch", "rejection")
-
-    def __init__(self) -> None:
-        self.dispatch: Dispatch | None = None  # the latest attempt
-        self.rejection: str | None = None  # the Dispatcher's code when admission refused
-
-    @property
-    def admission(self) -> str | None:
-        """"admitted" (at once), "queued" (after waiting), "rejected", or None (not reached)."""
-        if self.rejection is not None:
-            return "rejected"
-        if self.dispatch is None:
-            return None
-        return "queued" if self.dispatch.waiting is not None else "admitted"
-
-    @property
-    def queue_s(self) -> float:
-        return self.dispatch.queue_wait_s if self.dispatch is not None else 0.0
-
-
-ROUTED = web.RequestKey("routed", Routed)
-
-
-async def stamp_route(request: web.Request, response: web.StreamResponse) -> None:
-    """x-kvgate-route (policy, predicted TTFT and its parts, why) on every routed response.
-    x-kvgate-queue-ms is telemetry's (`gateway.observe.stamp_timing`): arrival → dispatch, as
-    DESIGN.md defines queue time; the admission wait alone is server-timing's `queue` part."""
-    routed = request.get(ROUTED)
-    if routed is None or routed.dispatch is None:
-        return
-    response.headers["x-kvgate-route"] = routed.dispatch.route_header()
-
-
-def body_usage(body: object) -> dict[str, Any] | None:
-    """The `usage` object of a whole JSON answer, or None."""
-    if not isinstance(body, bytes) or b'"usage"' not in body:
-        return None
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    usage = payload.get("usage") if isinstance(payload, dict) else None
-    return usage if isinstance(usage, dict) else None
 
 
 def build_gate(routing: RoutingSettings, fleet: Fleet, router: Router,

@@ -2,8 +2,11 @@
 
 State lives under `web.AppKey`s (gateway/keys.py); the lifetimes of the upstream HTTP client and of
 the backend poller are owned by `cleanup_ctx`. Nothing is global: two apps in one process share
-nothing. Run the app with `handler_cancellation=True` (gateway/serve.py does) so that a client
-disconnect cancels its handler and the proxy closes the upstream connection at once.
+nothing. One middleware translates errors into OpenAI bodies and gives every response its
+`x-request-id` and `openai-processing-ms` (a completion's come from its exchange,
+gateway/headers.py). Run the app with `handler_cancellation=True` (gateway/serve.py does) so
+that a client disconnect cancels its handler and the proxy closes the upstream connection at
+once.
 """
 
 from __future__ import annotations
@@ -12,16 +15,17 @@ import asyncio
 import logging
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from opentelemetry.sdk.trace import SpanProcessor
 
 from gateway import handlers
-from gateway.admission import GATE, build_gate, gate_running, stamp_route
+from gateway.admission import GATE, build_gate, gate_running
+from gateway.attempt import Outcome
 from gateway.auth import KeyInfo, KeyRing, auth_middleware
 from gateway.cache.setup import cache_running
 from gateway.config import Settings
@@ -33,21 +37,21 @@ from gateway.errors import (
     MethodNotAllowed,
     RouteNotFound,
 )
+from gateway.exchange import request_id_of
 from gateway.keys import (
-    ARRIVED_AT,
     CLOCK,
     FLEET,
     KEYRING,
     MODEL_ROUTES,
     PROXY,
-    REQUEST_ID,
     ROUTER,
     SETTINGS,
     STARTED_AT,
     TELEMETRY,
 )
-from gateway.observe import Observer, install_telemetry
-from gateway.proxy import Outcome, Proxy
+from gateway.observe import Recorder, install_telemetry
+from gateway.proxy import Proxy
+from gateway.relay import Relay
 from gateway.telemetry import Telemetry
 from routing.fleet import Fleet
 from routing.policy import PolicyContext, build_router
@@ -57,7 +61,6 @@ from routing.state import BackendSpec
 log = logging.getLogger("kvgate.gateway")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-MAX_REQUEST_ID_LEN = 128
 
 
 def create_app(
@@ -68,15 +71,16 @@ def create_app(
     on_done: Callable[[Outcome], None] | None = None,
     span_processor: SpanProcessor | None = None,
 ) -> web.Application:
-    """The gateway app. `clock` (monotonic seconds), `rng` and `on_done` (called with the proxy's
-    Outcome of each request) are injectable for tests; `rng` defaults to one seeded from
-    `settings.routing.seed`. `span_processor` turns tracing on without OTLP (tests, benchmarks).
-    Raises TelemetryConfigError when the telemetry settings cannot be honoured."""
+    """The gateway app. `clock` (monotonic seconds), `rng` and `on_done` (called once with the
+    proxy's Outcome of each request that reached it, when it ends) are injectable for tests;
+    `rng` defaults to one seeded from `settings.routing.seed`. `span_processor` turns tracing
+    on without OTLP (tests, benchmarks). Raises TelemetryConfigError when the telemetry
+    settings cannot be honoured."""
     telemetry = Telemetry(
         settings.telemetry.to_settings(), clock=clock, span_processor=span_processor
     )
-    observer = Observer(telemetry, clock=clock, on_done=on_done)
-    middlewares = [observer.middleware, error_middleware]
+    recorder = Recorder(telemetry, clock=clock, on_done=on_done)
+    middlewares: list[Middleware] = [error_middleware]
     ring = KeyRing((key.digest(), KeyInfo(key.name, key.tenant or key.name, key.admin, key.rpm,
                                           key.tpm))
                    for key in settings.auth.keys)
@@ -85,7 +89,6 @@ def create_app(
                                            clock=clock))
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
-        # The observer first: it takes the arrival time before anything else runs.
         middlewares=middlewares,
     )
     routing = settings.routing
@@ -106,36 +109,37 @@ def create_app(
     )
     app[GATE] = build_gate(routing, app[FLEET], app[ROUTER], clock)
     app.cleanup_ctx.append(gate_running)
-    install_telemetry(app, observer)
-    app.cleanup_ctx.append(_upstream_client(observer.on_done))
+    install_telemetry(app, recorder)
+    app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_backend_health)
     if settings.cache.enabled:
         app.cleanup_ctx.append(cache_running)
-    app.on_response_prepare.append(_stamp_headers)
-    app.on_response_prepare.append(stamp_route)
     handlers.add_routes(app)
     return app
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Stamps arrival and request id, and turns every error into OpenAI's error body."""
-    if ARRIVED_AT not in request:  # the observer's middleware stamps it first
-        request[ARRIVED_AT] = request.app[CLOCK]()
-    given = request.headers.get("x-request-id", "")
-    ok = 0 < len(given) <= MAX_REQUEST_ID_LEN and given.isprintable()
-    request[REQUEST_ID] = given if ok else uuid.uuid4().hex
+    """Turns every error into OpenAI's error body, and stamps the request id and processing time
+    on every response that does not carry them yet."""
+    clock = request.app[CLOCK]
+    arrived = clock()
     try:
-        return await handler(request)
+        response = await handler(request)
     except GatewayError as exc:
-        return _error_response(exc)
+        response = _error_response(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _error_response(_from_http(exc, request))
+        response = _error_response(_from_http(exc, request))
     except Exception as exc:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return _error_response(InternalError(f"internal error: {type(exc).__name__}"))
+        response = _error_response(InternalError(f"internal error: {type(exc).__name__}"))
+    headers = response.headers
+    if not response.prepared and "x-request-id" not in headers:
+        headers["x-request-id"] = request_id_of(request.headers)
+        headers["openai-processing-ms"] = str(int((clock() - arrived) * 1000.0))
+    return response
 
 
 def _error_response(exc: GatewayError) -> web.Response:
@@ -157,47 +161,27 @@ def _from_http(exc: web.HTTPException, request: web.Request) -> GatewayError:
     return InternalError(exc.reason)
 
 
-async def _stamp_headers(request: web.Request, response: web.StreamResponse) -> None:
-    request_id = request.get(REQUEST_ID)
-    if request_id is not None:
-        response.headers["x-request-id"] = request_id
-    arrived = request.get(ARRIVED_AT)
-    if arrived is not None:
-        elapsed_ms = (request.app[CLOCK]() - arrived) * 1000.0
-        response.headers["openai-processing-ms"] = str(int(elapsed_ms))
-
-
-def _upstream_client(
-    on_done: Callable[[Outcome], None],
-) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def upstream_client(app: web.Application) -> AsyncIterator[None]:
-        """One ClientSession for every upstream call, sized for many concurrent streams."""
-        server = app[SETTINGS].server
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=server.max_upstream_connections, limit_per_host=0, ttl_dns_cache=300
-            ),
-            # No total timeout: a stream lasts as long as the generation. The first-byte deadline
-            # is the proxy's; this bounds only the TCP connect.
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=server.connect_timeout_s),
-            # Without Accept-Encoding backends answer uncompressed: nothing to re-inflate per chunk.
-            skip_auto_headers=("Accept-Encoding",),
-            cookie_jar=aiohttp.DummyCookieJar(),  # a backend's cookies must not leak across clients
-        )
-        app[PROXY] = Proxy(
-            session=session,
-            fleet=app[FLEET],
-            gate=app[GATE],
-            first_byte_timeout=server.first_byte_timeout_s,
-            clock=app[CLOCK],
-            on_done=on_done,
-        )
-        try:
-            yield
-        finally:
-            await session.close()
-
-    return upstream_client
+async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
+    """One ClientSession for every upstream call, sized for many concurrent streams."""
+    server = app[SETTINGS].server
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(
+            limit=server.max_upstream_connections, limit_per_host=0, ttl_dns_cache=300
+        ),
+        # No total timeout: a stream lasts as long as the generation. The first-byte deadline
+        # is the proxy's; this bounds only the TCP connect.
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=server.connect_timeout_s),
+        # Without Accept-Encoding backends answer uncompressed: nothing to re-inflate per chunk.
+        skip_auto_headers=("Accept-Encoding",),
+        cookie_jar=aiohttp.DummyCookieJar(),  # a backend's cookies must not leak across clients
+    )
+    relay = Relay(session=session, fleet=app[FLEET], first_byte_timeout=server.first_byte_timeout_s,
+                  clock=app[CLOCK])
+    app[PROXY] = Proxy(relay=relay, gate=app[GATE], clock=app[CLOCK])
+    try:
+        yield
+    finally:
+        await session.close()
 
 
 async def _backend_health(app: web.Application) -> AsyncIterator[None]:

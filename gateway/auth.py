@@ -43,9 +43,6 @@ class KeyInfo:
     tpm: int | None = None  # model tokens (prompt + output) a minute; None: no limit
 
 
-AUTH_KEY = web.RequestKey("auth_key", KeyInfo)  # the key a request was let in with
-
-
 def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -101,28 +98,37 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return given or None
 
 
+def authorize(ring: KeyRing, path: str, headers: Mapping[str, str], now: float) -> KeyInfo:
+    """The key a request to `path` is let in with; Unauthorized, PermissionDenied or (a
+    completion request beyond its key's `rpm`) RateLimited otherwise."""
+    key = presented_key(headers)
+    if key is None:
+        raise Unauthorized("no API key: send it as 'Authorization: Bearer KEY'")
+    info = ring.check(key)
+    if info is None:
+        raise Unauthorized("the API key is not valid")
+    if path.startswith(ADMIN_PREFIX) and not info.admin:
+        raise PermissionDenied(f"the key {info.name!r} is not an admin key")
+    if path in LIMITED_PATHS:
+        wait = ring.admit(info, now)
+        if wait > 0.0:
+            raise RateLimited(f"the key {info.name!r} is over its {info.rpm} requests a"
+                              " minute", retry_after_s=max(1, math.ceil(wait)))
+    return info
+
+
 def auth_middleware(ring: KeyRing, *, protect_metrics: bool,
                     clock: Callable[[], float]) -> Middleware:
+    """Every endpoint but the open ones and the completions, which authorize as the first step
+    of their path (gateway/complete.py) so that a refusal is recorded with the request."""
     open_paths = OPEN_PATHS if protect_metrics else OPEN_PATHS | {"/metrics"}
 
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in open_paths:
-            return await handler(request)
-        key = presented_key(request.headers)
-        if key is None:
-            raise Unauthorized("no API key: send it as 'Authorization: Bearer KEY'")
-        info = ring.check(key)
-        if info is None:
-            raise Unauthorized("the API key is not valid")
-        if request.path.startswith(ADMIN_PREFIX) and not info.admin:
-            raise PermissionDenied(f"the key {info.name!r} is not an admin key")
-        if request.path in LIMITED_PATHS:
-            wait = ring.admit(info, clock())
-            if wait > 0.0:
-                raise RateLimited(f"the key {info.name!r} is over its {info.rpm} requests a"
-                                  " minute", retry_after_s=max(1, math.ceil(wait)))
-        request[AUTH_KEY] = info
+        path = request.path
+        completion = request.method == "POST" and path in LIMITED_PATHS
+        if not completion and path not in open_paths:
+            authorize(ring, path, request.headers, clock())
         return await handler(request)
 
     return authenticate

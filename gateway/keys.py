@@ -1,7 +1,8 @@
-"""Typed keys for the state `create_app` stores on the application and on each request.
+"""Typed keys for the app-wide objects `create_app` stores on the application.
 
 They live in their own module so handlers, middleware and the app factory share them without
-importing each other.
+importing each other. A request's own state is never stored on the aiohttp request: the
+completion path passes its `Exchange` (gateway/exchange.py) down explicitly.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from aiohttp import web
 from gateway.auth import KeyRing
 from gateway.cache.cache import ResponseCache
 from gateway.config import Settings
-from gateway.observation import Observation
 from gateway.proxy import Proxy
-from gateway.telemetry import RequestTiming, Telemetry
+from gateway.telemetry import Telemetry
 from routing.fleet import Fleet
 from routing.model_select import SmallModelRoute
 from routing.policy import Router
@@ -26,15 +26,7 @@ ROUTER = web.AppKey("router", Router)
 PROXY = web.AppKey("proxy", Proxy)  # set by the upstream-client cleanup context
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")  # monotonic seconds
 STARTED_AT = web.AppKey("started_at", int)  # wall-clock start, the `created` of /v1/models
-
-REQUEST_ID = web.RequestKey("request_id", str)
-ARRIVED_AT = web.RequestKey("arrived_at", float)  # CLOCK() when the request arrived
 TELEMETRY = web.AppKey("telemetry", Telemetry)
-# Completion requests only (gateway/observation.py says who writes what): the request's record,
-# and its RequestTiming (the same object as OBSERVATION's `timing`) for the stages that only mark
-# times, e.g. admission's `queue_start` / `queue_end`.
-OBSERVATION = web.RequestKey("observation", Observation)
-TIMING = web.RequestKey("timing", RequestTiming)
 # The API keys and their rate limits (gateway/auth.py); empty when auth is off.
 KEYRING = web.AppKey("keyring", KeyRing)
 # Small-model routing aliases (routing/model_select.py), by alias.

@@ -1,37 +1,29 @@
-"""The glue between the gateway's request path and `Telemetry`: one middleware, one `on_done`.
+"""The glue between the completion path and `Telemetry`: open an exchange, record it once.
 
-- `Observer.middleware` is the app's first middleware. It stamps the arrival (the start of TTFT)
-  before anything else runs, opens the request's `Observation` (gateway/observation.py) on the two
-  completion endpoints, and closes it when the handler returns, fails or is cancelled: every
-  completion request is recorded exactly once (metrics, spans, one access-log line).
-- `Observer.on_done` is the proxy's `on_done`: it files the proxy's `Outcome` with the request it
-  belongs to (found by its `RequestTiming`), then calls the app's own `on_done`, if any.
-- `stamp_timing` writes `server-timing` and `x-kvgate-queue-ms` when the response headers go out.
-  For a JSON answer that is after the request ended, so every part is there (`ttft`, `total`).
-  A stream's headers leave before its first token: its `server-timing` holds the parts known by
-  then, `queue`, `cache`, `route` and `connect` (dispatch → the backend's response headers);
-  `upstream`, `ttft` and `total` of a stream are in the metrics, the spans and the access log.
+- `Recorder.arrive` opens a completion request's `Exchange` (gateway/exchange.py) first thing:
+  its arrival is the start of TTFT. `Recorder.finish` records it when the completion path ends
+  it, on every path (answered, refused, failed, cancelled): metrics, spans and one access-log
+  line, from the exchange and the proxy's `Outcome`, then the app's `on_done`, if any, with the
+  `Outcome`.
 - W3C trace context: with tracing on, the backend gets the upstream span's `traceparent`, a child
   of the client's; with tracing off, the client's `traceparent`/`tracestate` go on unchanged.
 - `GET /metrics` renders the request histograms and the one MeterProvider; per-backend gauges
   read the Fleet at scrape time.
 
-Cost: with tracing off and the access log not sampled, a request costs a few small allocations
-and one `Telemetry.request_finished` (see loadtest/bench_gateway_telemetry.py for the figures).
+With tracing off and the access log not sampled, a request costs a few small allocations and
+one `Telemetry.request_finished`.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
-from gateway.admission import GATE, body_usage
-from gateway.keys import ARRIVED_AT, FLEET, OBSERVATION, REQUEST_ID, TELEMETRY, TIMING
-from gateway.observation import Observation
-from gateway.proxy import CLIENT_CLOSED, Outcome
+from gateway.admission import GATE
+from gateway.attempt import CLIENT_CLOSED, Outcome
+from gateway.exchange import Endpoint, Exchange, request_id_of
+from gateway.keys import FLEET, TELEMETRY
 from gateway.telemetry import (
     NOOP_TRACE,
     PROMETHEUS_CONTENT_TYPE,
@@ -40,22 +32,13 @@ from gateway.telemetry import (
     RequestTiming,
     RequestTrace,
     Telemetry,
-    server_timing,
 )
 from routing.fleet import Fleet
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-# The endpoints whose requests are recorded, and their gen_ai.operation.name.
-OPERATIONS: Mapping[str, str] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "text_completion",
-}
 UNKNOWN_MODEL = "unknown"  # gen_ai.request.model of a request whose body was not valid
 # error.type classes of our own; any other failure is labelled by its HTTP status.
 CLIENT_CLOSED_ERROR = "client_closed"
 STREAM_FAILED_ERROR = "upstream_stream_failed"  # the stream broke or carried an error event
-INTERNAL_STATUS = 500
 _TRACE_HEADERS = ("traceparent", "tracestate")
 
 
@@ -81,8 +64,8 @@ def forwarded_trace(headers: Mapping[str, str]) -> RequestTrace:
     return ForwardedTrace(found) if found else NOOP_TRACE
 
 
-class Observer:
-    """One per app; see the module docstring."""
+class Recorder:
+    """One per app: opens each completion request's `Exchange` and records it when it ends."""
 
     def __init__(
         self,
@@ -96,124 +79,64 @@ class Observer:
         self._on_done = on_done
         self._keep_prompt = telemetry.settings.access_log_prompts
         self._tracing = telemetry.tracing_enabled
-        # Requests in progress, by id() of their RequestTiming: how an Outcome finds its request.
-        # An entry lives exactly as long as its request's middleware frame, which holds the timing.
-        self._open: dict[int, Observation] = {}
-        self.middleware = self._middleware()
 
-    def _middleware(self) -> Middleware:
-        clock = self.clock
-
-        @web.middleware
-        async def telemetry_middleware(
-            request: web.Request, handler: Handler
-        ) -> web.StreamResponse:
-            arrival = clock()  # first thing: TTFT and the queue time start here
-            request[ARRIVED_AT] = arrival
-            operation = OPERATIONS.get(request.path)
-            if operation is None:
-                return await handler(request)
-            observation = self._start(request, operation, arrival)
-            try:
-                response = await handler(request)
-            except asyncio.CancelledError:  # the client hung up
-                self._finish(request, observation, None, CLIENT_CLOSED)
-                raise
-            except BaseException:  # the error middleware answers everything else; be safe anyway
-                self._finish(request, observation, None, INTERNAL_STATUS)
-                raise
-            self._finish(request, observation, response, response.status)
-            return response
-
-        return telemetry_middleware
-
-    def _start(self, request: web.Request, operation: str, arrival: float) -> Observation:
-        timing = RequestTiming(arrival=arrival)
-        headers = request.headers
+    def arrive(self, headers: Mapping[str, str], endpoint: Endpoint) -> Exchange:
+        """The exchange of a request arriving now: its id, timing and trace."""
+        timing = RequestTiming(arrival=self.clock())  # TTFT and the queue time start here
         if self._tracing:
             trace = self.telemetry.request_started(timing, headers)
         else:
             trace = forwarded_trace(headers)
-        observation = Observation(operation, timing, trace, keep_prompt=self._keep_prompt)
-        request[OBSERVATION] = observation
-        request[TIMING] = timing
-        self._open[id(timing)] = observation
-        return observation
+        return Exchange(request_id_of(headers), endpoint, headers, timing, trace,
+                        keep_prompt=self._keep_prompt)
 
-    def on_done(self, outcome: Outcome) -> None:
-        """The proxy's report for one request: kept for the request's end, then passed on."""
-        if outcome.timing is not None:
-            observation = self._open.get(id(outcome.timing))
-            if observation is not None:
-                observation.outcome = outcome
-        if self._on_done is not None:
-            self._on_done(outcome)
-
-    def _finish(
-        self,
-        request: web.Request,
-        observation: Observation,
-        response: web.StreamResponse | None,
-        status: int,
-    ) -> None:
+    def finish(self, ex: Exchange, status: int, *, whole: bool) -> None:
+        """The request ended with `status`; `whole` when its answer is a body not sent yet (its
+        first byte goes out now). Call it exactly once, on every path."""
         now = self.clock()
-        timing = observation.timing
-        del self._open[id(timing)]
-        if (
-            response is not None
-            and not response.prepared
-            and status < 400
-            and timing.first_byte is None
-        ):
-            timing.first_byte = now  # a whole (JSON) answer: its first byte goes out now
+        timing = ex.timing
+        if whole and status < 400 and timing.first_byte is None:
+            timing.first_byte = now
         if timing.end is None:
             timing.end = now
-        outcome = observation.outcome
+        outcome = ex.outcome
         if outcome is not None:
             status = outcome.status  # the proxy knows a disconnect the response does not show
-        self.telemetry.request_finished(
-            timing, self._request_outcome(request, observation, response, status), observation.trace
-        )
+        self.telemetry.request_finished(timing, request_outcome(ex, status), ex.trace)
+        if outcome is not None and self._on_done is not None:
+            self._on_done(outcome)
 
-    def _request_outcome(
-        self,
-        request: web.Request,
-        observation: Observation,
-        response: web.StreamResponse | None,
-        status: int,
-    ) -> RequestOutcome:
-        outcome = observation.outcome
-        backend = outcome.backend_id if outcome is not None else None
-        usage: object = outcome.usage if outcome is not None else observation.usage
-        if usage is None and isinstance(response, web.Response) and status == 200:
-            usage = body_usage(response.body)
-        input_tokens, output_tokens = _tokens(usage)
-        error_type: str | None = None
-        if status == CLIENT_CLOSED:
-            error_type = CLIENT_CLOSED_ERROR
-        elif status < 400 and outcome is not None and outcome.error is not None:
-            error_type = STREAM_FAILED_ERROR
-        return RequestOutcome(
-            request_id=request.get(REQUEST_ID) or "",
-            operation=observation.operation,
-            request_model=observation.request_model or UNKNOWN_MODEL,
-            status=status,
-            stream=outcome.stream if outcome is not None else observation.stream,
-            response_model=outcome.model if outcome is not None and backend
-            else observation.response_model,
-            backend=backend,
-            policy=outcome.policy if outcome is not None else None,
-            cache=observation.cache,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            tenant=observation.tenant or (outcome.tenant if outcome is not None else None),
-            admission=observation.admission or (outcome.admission if outcome else None),
-            rejection_reason=observation.rejection_reason
-            or (outcome.rejection_reason if outcome is not None else None),
-            small_model=observation.small_model,
-            error_type=error_type,
-            prompt=observation.prompt,
-        )
+
+def request_outcome(ex: Exchange, status: int) -> RequestOutcome:
+    """What telemetry records of an exchange that ended with `status`."""
+    outcome, asked = ex.outcome, ex.asked
+    backend = outcome.backend_id if outcome is not None else None
+    usage = outcome.usage if outcome is not None else ex.hit_usage
+    input_tokens, output_tokens = _tokens(usage)
+    error_type: str | None = None
+    if status == CLIENT_CLOSED:
+        error_type = CLIENT_CLOSED_ERROR
+    elif status < 400 and outcome is not None and outcome.error is not None:
+        error_type = STREAM_FAILED_ERROR
+    return RequestOutcome(
+        request_id=ex.request_id,
+        operation=ex.endpoint.operation,
+        request_model=asked.model if asked is not None else UNKNOWN_MODEL,
+        status=status,
+        stream=outcome.stream if outcome is not None else asked is not None and asked.stream,
+        response_model=outcome.model if outcome is not None and backend else ex.hit_model,
+        backend=backend,
+        policy=outcome.policy if outcome is not None else None,
+        cache=ex.cache,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        tenant=outcome.tenant if outcome is not None else None,
+        admission=outcome.admission if outcome is not None else None,
+        rejection_reason=outcome.rejection_reason if outcome is not None else None,
+        small_model=ex.small_model,
+        error_type=error_type,
+        prompt=asked.prompt_text if ex.keep_prompt and asked is not None else None,
+    )
 
 
 def _tokens(usage: object) -> tuple[int | None, int | None]:
@@ -224,26 +147,6 @@ def _tokens(usage: object) -> tuple[int | None, int | None]:
         prompt if isinstance(prompt, int) else None,
         completion if isinstance(completion, int) else None,
     )
-
-
-async def stamp_timing(request: web.Request, response: web.StreamResponse) -> None:
-    """`server-timing`, `x-kvgate-queue-ms` (arrival → dispatch) and, on the completion
-    endpoints, `x-kvgate-cache` (a hit sets its own), from what is known now."""
-    timing = request.get(TIMING)
-    if timing is None:
-        return
-    observation = request.get(OBSERVATION)
-    if observation is not None:
-        if "x-kvgate-cache" not in response.headers:
-            response.headers["x-kvgate-cache"] = observation.cache
-        if observation.model_reason is not None:
-            response.headers["x-kvgate-model-reason"] = observation.model_reason
-    value = server_timing(timing)
-    if value:
-        response.headers["server-timing"] = value
-    queued = timing.pre_dispatch_s
-    if queued is not None:
-        response.headers["x-kvgate-queue-ms"] = f"{queued * 1000.0:.1f}"
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -270,16 +173,16 @@ def backend_gauges(fleet: Fleet, now: float) -> Iterator[BackendGauges]:
         )
 
 
-def install_telemetry(app: web.Application, observer: Observer) -> None:
-    """Everything but the middleware (which `create_app` lists first): the Telemetry under its
-    AppKey, /metrics, the header stamping, the gauges (backends, gateway queue) and the shutdown
-    at cleanup. Call it once the Fleet and the Gate are in the app."""
-    telemetry = observer.telemetry
+def install_telemetry(app: web.Application, recorder: Recorder) -> None:
+    """The Telemetry and the Recorder under their AppKeys, /metrics, the gauges (backends,
+    gateway queue) and the shutdown at cleanup. Call it once the Fleet and the Gate are in the
+    app."""
+    telemetry = recorder.telemetry
     app[TELEMETRY] = telemetry
+    app[RECORDER] = recorder
     app.router.add_get("/metrics", metrics)
-    app.on_response_prepare.append(stamp_timing)
     fleet = app[FLEET]
-    clock = observer.clock
+    clock = recorder.clock
     telemetry.register_backend_gauges(lambda: backend_gauges(fleet, clock()))
     dispatcher = app[GATE].dispatcher
     telemetry.register_queue_depth(lambda: dispatcher.queue_depth)
@@ -288,3 +191,6 @@ def install_telemetry(app: web.Application, observer: Observer) -> None:
         telemetry.shutdown()
 
     app.on_cleanup.append(shutdown)
+
+
+RECORDER = web.AppKey("recorder", Recorder)

@@ -12,6 +12,9 @@ replicas a key gets up to R times its limits.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 class TokenBucket:
     __slots__ = ("_rate", "_capacity", "_tokens", "_updated")
@@ -54,3 +57,13 @@ def estimated_tokens(prompt_chars: int, max_tokens: int | None) -> int:
     """What a request is charged against `tpm` when it is sent."""
     output = max_tokens if max_tokens is not None else DEFAULT_OUTPUT_TOKENS
     return -(-prompt_chars // CHARS_PER_TOKEN) + output
+
+
+def tokens_used(usage: Mapping[str, Any] | None, *, served: bool) -> int | None:
+    """What a request that ended used against `tpm`, to settle its estimate with: its usage's
+    prompt plus completion tokens; 0 when no backend took it (refused by admission, the client
+    gone while queued); None, keep the estimate, when one served it without saying its usage."""
+    if usage is not None:
+        return sum(v for name in ("prompt_tokens", "completion_tokens")
+                   if isinstance(v := usage.get(name), int))
+    return None if served else 0

@@ -454,7 +454,8 @@ async def test_a_corrupt_entry_is_a_miss_without_a_cooldown(
 # CacheTap: what a miss's relayed answer leaves in the cache.
 
 def body(message: dict[str, Any], *, finish_reason: str = "stop",
-         usage: dict[str, int] | None = None, choices: int = 1) -> bytes:
+         usage: dict[str, int] | None = None, choices: int = 1) -> dict[str, Any]:
+    """A backend's 200 JSON answer, decoded (as the proxy hands it to the tap)."""
     data: dict[str, Any] = {
         "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": MODEL,
         "choices": [{"index": index, "message": {"role": "assistant", **message},
@@ -462,7 +463,7 @@ def body(message: dict[str, Any], *, finish_reason: str = "stop",
                     for index in range(choices)]}
     if usage is not None:
         data["usage"] = usage
-    return orjson.dumps(data)
+    return data
 
 
 USAGE = {"prompt_tokens": 21, "completion_tokens": 3, "total_tokens": 24}
@@ -478,7 +479,7 @@ TOOL_CALL = {"id": "call_1", "type": "function",
                  id="an answer cut at length is stored, counts unknown without usage"),
 ])
 async def test_whole_stores_a_200_answer(
-        make_cache: MakeCache, raw: bytes, answer: CachedAnswer) -> None:
+        make_cache: MakeCache, raw: dict[str, Any], answer: CachedAnswer) -> None:
     cache = make_cache()
     key = key_of(cache, QUESTION)
     cache.tap(key, hashed_vector(QUESTION)).whole(raw)
@@ -496,11 +497,11 @@ async def test_whole_stores_a_200_answer(
     pytest.param(body({"content": "Paris."}, choices=2), id="two choices"),
     pytest.param(body({"content": "Paris."}, finish_reason="content_filter"),
                  id="a filtered answer"),
-    pytest.param(orjson.dumps({"error": {"message": "boom", "type": "server_error"}}),
-                 id="an error body"),
-    pytest.param(b"Paris.", id="not JSON"),
+    pytest.param({"error": {"message": "boom", "type": "server_error"}}, id="an error body"),
+    pytest.param(None, id="not JSON"),
 ])
-async def test_whole_stores_nothing_it_could_not_replay(make_cache: MakeCache, raw: bytes) -> None:
+async def test_whole_stores_nothing_it_could_not_replay(make_cache: MakeCache,
+                                                        raw: object) -> None:
     cache = make_cache()
     cache.tap(key_of(cache, QUESTION), hashed_vector(QUESTION)).whole(raw)
     await cache.close()

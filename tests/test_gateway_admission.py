@@ -19,9 +19,9 @@ import pytest
 from multidict import CIMultiDict
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.admission import priority_of, prompt_of, tenant_of
 from gateway.config import Settings
 from gateway.errors import InvalidRequest
+from gateway.exchange import priority_of, prompt_of, tenant_of
 from gateway.serve import running_gateway
 from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS

@@ -19,7 +19,7 @@ from aiohttp import web
 
 import gateway.proxy
 from gateway.config import Settings
-from gateway.proxy import Outcome, log_outcome
+from gateway.proxy import Outcome
 from gateway.serve import running_gateway
 from gateway.sse import StreamObserver
 from tests.paths import FIXTURES
@@ -124,7 +124,7 @@ class Upstream:
 
 @asynccontextmanager
 async def gateway_over(
-    count: int, on_done: Callable[[Outcome], None] = log_outcome, **server: Any
+    count: int, on_done: Callable[[Outcome], None] | None = None, **server: Any
 ) -> AsyncIterator[tuple[str, list[Upstream], aiohttp.ClientSession]]:
     async with AsyncExitStack() as stack:
         upstreams = [Upstream() for _ in range(count)]

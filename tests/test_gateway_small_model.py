@@ -118,7 +118,7 @@ async def test_the_alias_is_listed_and_decisions_are_counted() -> None:
                              'kvgate_small_model_chosen="false"': "1"}
 
 
-async def test_the_cache_answers_the_alias_before_any_model_is_chosen() -> None:
+async def test_the_cache_is_keyed_by_the_chosen_model_so_it_serves_who_is_sent_there() -> None:
     async with gateway(cache=True) as (url, http):
         first = await ask(http, url, "What is the capital of France?")
         assert (first["x-kvgate-cache"], first["x-kvgate-model"]) == ("miss", SMALL)
@@ -130,14 +130,15 @@ async def test_the_cache_answers_the_alias_before_any_model_is_chosen() -> None:
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.02)
         again = await ask(http, url, "What is the capital of France?")
-        assert (again["x-kvgate-cache"], again["x-kvgate-model"]) == ("exact", SMALL)
-        assert "x-kvgate-model-reason" not in again  # no model was chosen: none served it
-        body = {"model": LARGE, "max_tokens": 16,
-                "messages": [{"role": "user", "content": "What is the capital of France?"}]}
-        async with http.post(url + "/v1/chat/completions", json=body) as resp:
-            # Who names the large model asked for it: the small one's answer is not it.
-            assert resp.headers["x-kvgate-cache"] == "miss"
-            assert resp.headers["x-kvgate-model"] == LARGE
+        assert (again["x-kvgate-cache"], again["x-kvgate-model"],
+                again["x-kvgate-model-reason"]) == ("exact", SMALL, "easy")
+        for named, cache in ((SMALL, "exact"), (LARGE, "miss")):
+            body = {"model": named, "max_tokens": 16,
+                    "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+            async with http.post(url + "/v1/chat/completions", json=body) as resp:
+                # The small model's answer serves whoever is sent to the small model, only.
+                assert (resp.headers["x-kvgate-cache"], resp.headers["x-kvgate-model"]) == (
+                    cache, named)
 
 
 async def test_overflow_sends_an_easy_request_the_large_model_refuses_to_the_small_one() -> None:

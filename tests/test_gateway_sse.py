@@ -8,7 +8,7 @@ import itertools
 import orjson
 import pytest
 
-from gateway.admission import completion_of
+from gateway.proxy import completion_of
 from gateway.sse import DONE_EVENT, StreamObserver, error_event
 from tests.paths import FIXTURES
 

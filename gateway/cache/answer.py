@@ -5,8 +5,8 @@ The cache keeps only what it can replay faithfully: one choice of plain text tha
 refusals, reasoning text, several choices, errors, streams cut short) is not cached at all, so a
 hit never serves an answer that lost something the backend said.
 
-Answers come from a backend's JSON body (`answer_from_body`) or from a relayed SSE stream
-(`StreamCollector`, which keeps the relayed bytes and parses them once at the end), and are
+Answers come from a backend's decoded JSON body (`answer_from_payload`) or from a relayed SSE
+stream (`StreamCollector`, which keeps the relayed bytes and parses them once at the end), and are
 served back as an OpenAI JSON body (`render_json`) or as an OpenAI event stream
 (`render_events`). Everything here is pure.
 """
@@ -71,13 +71,10 @@ class CachedAnswer:
                    prompt_tokens=counts[0], completion_tokens=counts[1])
 
 
-def answer_from_body(kind: Kind, body: bytes) -> CachedAnswer | None:
-    """The answer in a backend's 200 JSON body, or None when it is not one the cache may keep:
-    exactly one choice of text (no tool calls, refusal or reasoning) ending in stop or length."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
+def answer_from_payload(kind: Kind, data: object) -> CachedAnswer | None:
+    """The answer in a backend's 200 JSON body (decoded), or None when it is not one the cache
+    may keep: exactly one choice of text (no tool calls, refusal or reasoning) ending in stop or
+    length."""
     if not isinstance(data, dict) or "error" in data:
         return None
     model, choices = data.get("model"), data.get("choices")

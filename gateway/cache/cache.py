@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
-from gateway.cache.answer import CachedAnswer, StreamCollector, answer_from_body
+from gateway.cache.answer import CachedAnswer, StreamCollector, answer_from_payload
 from gateway.cache.keys import Bypass, CacheKey, Kind, cache_key
 from gateway.cache.live import Live
 from gateway.cache.store import CacheStore, Entry
@@ -266,9 +266,9 @@ class CacheTap:
                              completion_tokens=_token_count(usage, "completion_tokens"))
         self._kept(answer)
 
-    def whole(self, body: bytes) -> None:
-        """A 200 JSON answer."""
-        answer = answer_from_body(self._key.kind, body)
+    def whole(self, payload: object) -> None:
+        """A 200 JSON answer, decoded (None when its body was not JSON)."""
+        answer = answer_from_payload(self._key.kind, payload)
         if answer is not None:
             self._kept(answer)
 

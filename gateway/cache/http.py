@@ -1,10 +1,11 @@
 """The cache on the request path: look the request up, replay a hit, or hand the proxy a tap.
 
-`consult` runs in the completion handler once the body is valid and its model known, before the
+`lookup` runs on the completion path once the body is valid and its model chosen, before the
 request reaches admission: a hit never queues, never takes a lease and never touches a backend.
 Its answer is replayed in the shape the client asked for, a JSON body or an SSE stream (with the
 usage chunk when `stream_options.include_usage` is set), with `x-kvgate-cache: exact|semantic`,
-`x-kvgate-model` and no `x-kvgate-backend`.
+`x-kvgate-model` and no `x-kvgate-backend`. The key is the chosen model's: an answer serves only
+requests sent to the model that wrote it.
 
 The client steers it per request with `Cache-Control` (RFC 9111's request directives):
 `no-cache` skips the lookup (the fresh answer is still stored), `no-store` keeps the answer out
@@ -18,6 +19,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -28,49 +30,71 @@ from gateway.cache.cache import EXACT, CacheTap, Hit
 from gateway.cache.keys import Bypass, Kind
 from gateway.cache.live import Live
 from gateway.errors import CacheUnavailable
-from gateway.keys import CACHE, CLOCK, OBSERVATION, SETTINGS
+from gateway.exchange import Exchange
+from gateway.headers import CACHE_HEADER, prepare_stream
+from gateway.keys import CACHE, CLOCK, SETTINGS
 from gateway.sse import DONE_EVENT, error_event
-from gateway.telemetry.outcome import CACHE_MISS
 
-CACHE_HEADER = "x-kvgate-cache"
 _ID_PREFIX: Mapping[Kind, str] = {"chat": "chatcmpl-", "text": "cmpl-"}
 
 
-async def consult(request: web.Request, kind: Kind, body: Mapping[str, Any], model: str, *,
-                  stream: bool, include_usage: bool, tenant: str
-                  ) -> web.StreamResponse | CacheTap | None:
-    """A replayed hit, a tap to store the answer of a miss, or None (no cache, or bypassed).
-    `body` is the client's request as parsed, `model` the real model it resolves to; with
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """The cache answered: a stored answer replayed, or an identical stream followed."""
+
+    response: web.StreamResponse
+    tier: str  # the x-kvgate-cache value
+    model: str  # the model that wrote the answer
+    usage: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Missed:
+    """No answer: `looked` says whether a lookup ran (a `miss`) or not (`bypass`); `tap`, when
+    the answer may be stored, sees it relayed and must be released when the request ends."""
+
+    looked: bool
+    tap: CacheTap | None
+
+
+BYPASSED = Missed(looked=False, tap=None)
+
+
+async def lookup(request: web.Request, ex: Exchange, data: Mapping[str, Any], model: str, *,
+                 stream: bool, include_usage: bool, tenant: str) -> Answered | Missed:
+    """`data` is the client's request as parsed, `model` the real model it is sent to; with
     `cache.scope: tenant` the `tenant`'s entries are its own."""
     cache = request.app.get(CACHE)
     if cache is None or not cache.available:
-        return None
+        return BYPASSED
+    kind = ex.endpoint.kind
     scoped = request.app[SETTINGS].cache.scope == "tenant"
-    key = cache.key(kind, body, model, scope=tenant if scoped else None)
+    key = cache.key(kind, data, model, scope=tenant if scoped else None)
     if isinstance(key, Bypass):
-        return None
-    directives = cache_directives(request.headers.get("Cache-Control", ""))
+        return BYPASSED
+    directives = cache_directives(ex.headers.get("Cache-Control", ""))
     store = "no-store" not in directives
     max_age_s = _seconds(directives.get("max-age"))
     if "no-cache" in directives:
-        return cache.tap(key, await cache.embedding(key), stream=stream) if store else None
-    observation = request[OBSERVATION]
+        if not store:
+            return BYPASSED
+        return Missed(False, cache.tap(key, await cache.embedding(key), stream=stream))
     clock = request.app[CLOCK]
-    observation.timing.cache_start = clock()
+    ex.timing.cache_start = clock()
     # A whole answer may wait for an identical request already in flight; a stream may not:
     # its first token would come only when the other's last did.
     follow_s = None if stream else request.app[SETTINGS].server.first_byte_timeout_s
     found = await cache.lookup(key, follow_s=follow_s, max_age_s=max_age_s)
-    observation.timing.cache_end = clock()
+    ex.timing.cache_end = clock()
     if found.hit is not None:
-        return await replay(request, found.hit, kind, stream=stream, include_usage=include_usage)
+        return await replay(request, ex, found.hit, kind, stream=stream,
+                            include_usage=include_usage)
     live = cache.live_of(key) if stream else None
     if live is not None:
-        followed = await follow(request, live, kind, include_usage=include_usage)
+        followed = await follow(request, ex, live, kind, include_usage=include_usage)
         if followed is not None:
             return followed
-    observation.cache = CACHE_MISS
-    return cache.tap(key, found.vector, stream=stream) if store else None
+    return Missed(True, cache.tap(key, found.vector, stream=stream) if store else None)
 
 
 def cache_directives(value: str) -> dict[str, str | None]:
@@ -91,13 +115,10 @@ def _seconds(value: str | None) -> float | None:
     return float(value)
 
 
-async def replay(request: web.Request, hit: Hit, kind: Kind, *, stream: bool,
-                 include_usage: bool) -> web.StreamResponse:
+async def replay(request: web.Request, ex: Exchange, hit: Hit, kind: Kind, *, stream: bool,
+                 include_usage: bool) -> Answered:
     answer = hit.answer
-    observation = request[OBSERVATION]
-    observation.cache = hit.tier
-    observation.response_model = answer.model
-    observation.usage = usage_of(answer)
+    answered = usage_of(answer)
     response_id = _ID_PREFIX[kind] + uuid.uuid4().hex
     created = int(time.time())
     headers = {CACHE_HEADER: hit.tier, "x-kvgate-model": answer.model,
@@ -105,29 +126,33 @@ async def replay(request: web.Request, hit: Hit, kind: Kind, *, stream: bool,
                "Age": str(max(0, int(created - hit.created))),
                "x-kvgate-cache-similarity": f"{hit.similarity:.3f}"}
     if not stream:
-        return web.Response(body=render_json(answer, response_id=response_id, created=created),
-                            content_type="application/json", headers=headers)
-    response = web.StreamResponse(headers={
+        response = web.Response(
+            body=render_json(answer, response_id=response_id, created=created),
+            content_type="application/json", headers=headers)
+        return Answered(response, hit.tier, answer.model, answered)
+    streamed = web.StreamResponse(headers={
         "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no", **headers})
     events = render_events(answer, response_id=response_id, created=created,
                            include_usage=include_usage)
+    clock = request.app[CLOCK]
     with contextlib.suppress(ConnectionResetError):  # the client left: nothing more to do
-        await response.prepare(request)
+        await prepare_stream(request, streamed, ex, clock())
         # The whole answer is known: one write, so its first token leaves now.
-        observation.timing.first_byte = request.app[CLOCK]()
-        await response.write(b"".join(events))
-        await response.write_eof()
-    return response
+        ex.timing.first_byte = clock()
+        await streamed.write(b"".join(events))
+        await streamed.write_eof()
+    return Answered(streamed, hit.tier, answer.model, answered)
 
 
-async def follow(request: web.Request, live: Live, kind: Kind, *,
-                 include_usage: bool) -> web.StreamResponse | None:
+async def follow(request: web.Request, ex: Exchange, live: Live, kind: Kind, *,
+                 include_usage: bool) -> Answered | None:
     """An identical stream's text, relayed as it comes (an `exact` hit); None when the leader
     failed or turned out unreplayable before a byte was sent (the caller asks a backend)."""
     waker = live.subscribe()
     response: web.StreamResponse | None = None
     writer: EventWriter | None = None
+    model = live.model or "-"
     sent = 0
     try:
         while True:
@@ -136,23 +161,22 @@ async def follow(request: web.Request, live: Live, kind: Kind, *,
                 break
             if (pieces or live.ended) and response is None:
                 model = live.answer.model if live.answer is not None else live.model or "-"
-                response, writer = await _start(request, kind, model, include_usage)
+                response, writer = await _start(request, ex, kind, model, include_usage)
             if pieces:
                 assert response is not None and writer is not None
                 await response.write(b"".join(writer.piece(piece) for piece in pieces))
                 if not sent:  # TTFT: the first text, not the role chunk before it
-                    request[OBSERVATION].timing.first_byte = request.app[CLOCK]()
+                    ex.timing.first_byte = request.app[CLOCK]()
                 sent += len(pieces)
             if live.ended and live.answer is not None:
                 assert response is not None and writer is not None
-                request[OBSERVATION].usage = usage_of(live.answer)
                 await response.write(b"".join(writer.end(live.answer)))
                 await response.write_eof()
-                return response
+                return Answered(response, EXACT, model, usage_of(live.answer))
             await waker.wait()
             waker.clear()
     except ConnectionResetError:  # the client left
-        return response
+        return None if response is None else Answered(response, EXACT, model, None)
     finally:
         live.unsubscribe(waker)
     if response is None:
@@ -161,20 +185,17 @@ async def follow(request: web.Request, live: Live, kind: Kind, *,
     await response.write(error_event("the identical request this stream followed failed",
                                      code="upstream_stream_failed") + DONE_EVENT)
     await response.write_eof()
-    return response
+    return Answered(response, EXACT, model, None)
 
 
-async def _start(request: web.Request, kind: Kind, model: str,
+async def _start(request: web.Request, ex: Exchange, kind: Kind, model: str,
                  include_usage: bool) -> tuple[web.StreamResponse, EventWriter]:
     """A followed stream's response, its headers and first chunk sent."""
-    observation = request[OBSERVATION]
-    observation.cache = EXACT
-    observation.response_model = model
     response = web.StreamResponse(headers={
         "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no", CACHE_HEADER: EXACT, "x-kvgate-model": model,
         "x-kvgate-cache-similarity": "1.000"})
-    await response.prepare(request)
+    await prepare_stream(request, response, ex, request.app[CLOCK]())
     writer = EventWriter(kind, model, response_id=_ID_PREFIX[kind] + uuid.uuid4().hex,
                          created=int(time.time()), include_usage=include_usage)
     await response.write(writer.start())

@@ -1,0 +1,223 @@
+"""The completion endpoints' path, top to bottom, in one function: `serve`.
+
+    authorize → parse → model choice → cache lookup → cost estimate (the Job) → admission and
+    the proxy → record
+
+`complete` opens the request's `Exchange` (gateway/exchange.py) at arrival and records it once
+when `serve` ends, however it ends (gateway/observe.py); whatever the client gets carries the
+exchange's headers (gateway/headers.py). Each step takes the exchange, or the parts of it that
+it needs, as arguments and returns a value; the proxy returns the request's `Outcome`, which the
+token-budget settlement, the cache's store side, telemetry and the headers read.
+
+The cache is looked up after the model choice, keyed by the chosen model: an alias's answer
+serves only requests sent to the model that wrote it. A request the small model takes on
+overflow (the large one refused it) is not stored, its key being the large model's.
+
+Handlers raise `GatewayError`s; the error middleware (gateway/app.py) turns them into OpenAI
+bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import orjson
+from aiohttp import web
+
+from gateway.admission import Overloaded
+from gateway.attempt import CLIENT_CLOSED, ClientGone, Forwarded
+from gateway.auth import KeyInfo, authorize
+from gateway.cache.cache import CacheTap
+from gateway.cache.http import Answered, lookup
+from gateway.errors import BodyTooLarge, GatewayError, ModelNotFound, RateLimited
+from gateway.exchange import (
+    CHAT,
+    TEXT,
+    Asked,
+    Endpoint,
+    Exchange,
+    job_of,
+    prompt_of,
+    prompt_text,
+    tenant_of,
+    user_turns,
+)
+from gateway.headers import stamp, stamped_error
+from gateway.keys import CLOCK, FLEET, KEYRING, MODEL_ROUTES, PROXY, SETTINGS
+from gateway.observe import RECORDER
+from gateway.ratelimit import estimated_tokens, tokens_used
+from gateway.relay import UpstreamCall
+from gateway.schemas import ChatCompletionRequest, CompletionRequest, decode_object, validate
+from gateway.small_model import choose
+from gateway.telemetry.outcome import CACHE_MISS
+from routing.model_select import LARGE_FREE, OVERFLOW
+
+INTERNAL_STATUS = 500
+Schema = type[ChatCompletionRequest] | type[CompletionRequest]
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await complete(request, CHAT, ChatCompletionRequest)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await complete(request, TEXT, CompletionRequest)
+
+
+async def complete(request: web.Request, endpoint: Endpoint,
+                   schema: Schema) -> web.StreamResponse:
+    """`serve`, recorded exactly once on every path, its answer carrying the exchange's
+    headers."""
+    recorder, clock = request.app[RECORDER], request.app[CLOCK]
+    ex = recorder.arrive(request.headers, endpoint)
+    try:
+        response = await serve(request, ex, schema)
+    except GatewayError as exc:
+        recorder.finish(ex, exc.status, whole=False)
+        raise stamped_error(exc, ex, clock(), _route(ex)) from None
+    except asyncio.CancelledError:  # the client hung up
+        recorder.finish(ex, CLIENT_CLOSED, whole=False)
+        raise
+    except BaseException:  # the error middleware answers it; it is recorded all the same
+        recorder.finish(ex, INTERNAL_STATUS, whole=False)
+        raise
+    whole = not response.prepared
+    recorder.finish(ex, response.status, whole=whole)
+    if whole:
+        stamp(response.headers, ex, clock(), _route(ex))
+    return response
+
+
+async def serve(request: web.Request, ex: Exchange, schema: Schema) -> web.StreamResponse:
+    """The request's steps, in order; each decision is written on `ex` here, and only here."""
+    app = request.app
+    ring = app[KEYRING]
+    key = authorize(ring, ex.endpoint.path, ex.headers, app[CLOCK]()) if ring.enabled else None
+    asked = ex.asked = await parse(request, ex, schema, key)
+
+    route = app[MODEL_ROUTES].get(asked.model)
+    # A small-model routing alias is served by its large model unless `choose` says otherwise.
+    model = route.large if route else app[SETTINGS].model_aliases.get(asked.model, asked.model)
+    fleet = app[FLEET]
+    if not any(model in fleet.models_of(spec.id) for spec in fleet.specs):
+        raise ModelNotFound(f"the model {asked.model!r} does not exist", param="model")
+    selection = choose(app, route, asked) if route is not None else None
+    if selection is not None:
+        model = selection.model
+        ex.small_model, ex.model_reason = selection.small, selection.reason
+    ex.model = model
+
+    looked = await lookup(request, ex, asked.data, model, stream=asked.stream,
+                          include_usage=asked.include_usage, tenant=asked.tenant)
+    if isinstance(looked, Answered):
+        ex.cache, ex.hit_model, ex.hit_usage = looked.tier, looked.model, looked.usage
+        return looked.response
+    if looked.looked:
+        ex.cache = CACHE_MISS
+    tap = looked.tap
+    try:
+        charged = charge_tokens(app, key, asked)
+        try:
+            forwarded = await forward(request, ex, asked, model, tap)
+            if (isinstance(forwarded.reply, Overloaded) and route is not None
+                    and selection is not None and selection.reason == LARGE_FREE):
+                # Mode overflow: the large model refused an easy request (its queue is full, or
+                # it is past its TPOT SLO): the small one takes it instead of a 429.
+                ex.model, ex.small_model, ex.model_reason = route.small, True, OVERFLOW
+                if tap is not None:
+                    tap.release()
+                    tap = None
+                forwarded = await forward(request, ex, asked, route.small, None)
+        finally:
+            if key is not None and charged:
+                settle_tokens(app, key, charged, ex)
+        outcome = forwarded.outcome
+        if tap is not None and outcome.whole:
+            if outcome.answer is not None:
+                tap.whole(outcome.answer)
+            elif asked.stream:
+                tap.stream_ended(outcome.usage)
+    finally:
+        if tap is not None:
+            tap.release()  # identical requests waiting for this one's answer stop waiting
+    if isinstance(forwarded.reply, GatewayError):
+        raise forwarded.reply
+    return forwarded.reply
+
+
+async def parse(request: web.Request, ex: Exchange, schema: Schema,
+                key: KeyInfo | None) -> Asked:
+    """The body, validated and read once; with API keys on, a request's tenant is its key's."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        limit = request.app[SETTINGS].server.max_body_bytes
+        raise BodyTooLarge(f"the request body is larger than the limit of {limit} bytes") from exc
+    data = decode_object(raw)
+    body = validate(schema, data)
+    tenant_header = request.app[SETTINGS].routing.tenant_header
+    conversation, exact = prompt_of(data)
+    return Asked(
+        raw=raw, data=data, model=body.model, stream=body.stream,
+        include_usage=body.include_usage, output_cap=body.output_cap, choices=body.n or 1,
+        prompt_text=prompt_text(data), conversation=conversation, prompt_tokens=exact,
+        user_turns=user_turns(data),
+        tenant=key.tenant if key is not None else tenant_of(ex.headers, tenant_header),
+    )
+
+
+def charge_tokens(app: web.Application, key: KeyInfo | None, asked: Asked) -> int:
+    """Charges a key with `tpm` the request's estimated tokens (0 without one); RateLimited
+    when its budget does not hold them (gateway/ratelimit.py)."""
+    if key is None or key.tpm is None:
+        return 0
+    tokens = estimated_tokens(len(asked.prompt_text or ""), asked.output_cap)
+    wait = app[KEYRING].charge(key, tokens, app[CLOCK]())
+    if wait > 0.0:
+        raise RateLimited(f"the key {key.name!r} is over its {key.tpm} tokens a minute",
+                          retry_after_s=max(1, math.ceil(wait)))
+    return tokens
+
+
+def settle_tokens(app: web.Application, key: KeyInfo, charged: int, ex: Exchange) -> None:
+    """The request ended: its usage replaces its estimate (gateway/ratelimit.py)."""
+    outcome = ex.outcome
+    used = tokens_used(outcome.usage if outcome is not None else None,
+                       served=outcome is not None and outcome.backend_id is not None)
+    if used is not None:
+        app[KEYRING].settle(key, charged, used, app[CLOCK]())
+
+
+async def forward(request: web.Request, ex: Exchange, asked: Asked, model: str,
+                  tap: CacheTap | None) -> Forwarded:
+    """The cost estimate's input (the Job), admission, routing and the proxy, for `model`."""
+    app = request.app
+    settings = app[SETTINGS]
+    # The client's bytes go upstream unchanged unless the model is an alias or a stream's usage
+    # must be asked for: the gateway learns each backend's speed from its streams' token counts.
+    strip_usage = asked.stream and not asked.include_usage and settings.server.stream_usage
+    raw = asked.raw
+    if strip_usage or model != asked.model:
+        data = dict(asked.data)
+        if strip_usage:
+            options = data.get("stream_options")
+            data["stream_options"] = {**(options if isinstance(options, dict) else {}),
+                                      "include_usage": True}
+        data["model"] = model
+        raw = orjson.dumps(data)
+    job = job_of(ex, asked, model, priority_header=settings.routing.priority_header,
+                 session_header=settings.routing.session_header)
+    call = UpstreamCall(path=ex.endpoint.path, body=raw, model=model, stream=asked.stream,
+                        strip_usage=strip_usage, choices=asked.choices, tap=tap)
+    try:
+        forwarded = await app[PROXY].forward(request, ex, call, job)
+    except ClientGone as gone:
+        ex.outcome = gone.outcome
+        raise
+    ex.outcome = forwarded.outcome
+    return forwarded
+
+
+def _route(ex: Exchange) -> str | None:
+    return ex.outcome.route if ex.outcome is not None else None

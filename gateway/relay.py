@@ -1,0 +1,279 @@
+"""One attempt on one backend: send the request, relay its answer, say what came of it.
+
+- A connection failure (refused, reset, timeout while connecting, closed before any body byte) or
+  a 502/503 answer is a `Retry`: nothing reached the client, so the proxy may try elsewhere.
+  Once the first byte went out, a failure ends the stream with an SSE error event and `[DONE]`,
+  never a silent truncation.
+- A backend's 4xx (and any other status) is relayed with its status; only the error body is
+  normalised to OpenAI's shape.
+- Leaving an attempt before its body was read to the end closes the upstream connection, so the
+  backend aborts the request and frees its KV cache at once.
+- Streams are relayed chunk by chunk as they arrive: bytes unchanged, written (and so flushed)
+  immediately; `StreamObserver` picks out the few facts the gateway records. A whole answer is
+  decoded once, here, for everyone who reads it later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from gateway.attempt import CLIENT_CLOSED
+from gateway.errors import (
+    GatewayError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+    normalise_error_body,
+)
+from gateway.exchange import Exchange
+from gateway.headers import prepare_stream
+from gateway.sse import DONE_EVENT, StreamObserver, error_event
+from routing.dispatch import Dispatch
+
+RETRY_STATUSES = frozenset({502, 503})
+
+log = logging.getLogger("kvgate.gateway")
+
+
+class HealthView(Protocol):
+    """What an attempt tells routing.fleet.Fleet about its backend."""
+
+    def record_failure(self, backend_id: str, now: float) -> None: ...
+    def record_success(self, backend_id: str, now: float) -> None: ...
+
+
+class LineTap(Protocol):
+    """Sees a stream's complete SSE lines as the client gets them (the cache's store side and
+    the identical streams following this one, gateway/cache)."""
+
+    def stream_lines(self, lines: bytes) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamCall:
+    """One client request, ready to send to any backend that serves `model`."""
+
+    path: str  # "/v1/chat/completions" or "/v1/completions"
+    body: bytes  # the client's bytes, or re-encoded (alias resolved, stream usage asked for)
+    model: str  # the real model name
+    stream: bool
+    # The gateway added `stream_options.include_usage` the client did not ask for: the usage-only
+    # event is dropped from the relayed stream (gateway/sse.py).
+    strip_usage: bool = False
+    choices: int = 1  # the body's `n`: usage and text events count every choice's tokens
+    tap: LineTap | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """An attempt that answered the client (with whatever status)."""
+
+    response: web.StreamResponse
+    status: int  # CLIENT_CLOSED when the client left mid-stream
+    error: str | None = None
+    usage: dict[str, Any] | None = None
+    answer: dict[str, Any] | None = None  # a whole 200 JSON answer, decoded
+    client_disconnected: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """An attempt failed before the client saw a byte; retry elsewhere or report `failure`."""
+
+    failure: GatewayError | web.Response
+
+
+class Relay:
+    def __init__(self, *, session: aiohttp.ClientSession, fleet: HealthView,
+                 first_byte_timeout: float, clock: Callable[[], float]) -> None:
+        self._session = session
+        self._fleet = fleet
+        self._first_byte_timeout = first_byte_timeout
+        self._clock = clock
+
+    async def attempt(self, request: web.Request, ex: Exchange, call: UpstreamCall,
+                      dispatch: Dispatch, observer: StreamObserver | None) -> Relayed | Retry:
+        """Raises UpstreamTimeout when the backend sends nothing within the first-byte timeout
+        (never retried: the backend may still be working on it)."""
+        backend_id = dispatch.backend_id
+        url = dispatch.decision.backend.spec.url + call.path
+        headers = {"Content-Type": "application/json", "X-Request-Id": ex.request_id}
+        timing = ex.timing
+        if timing.dispatch is None:
+            timing.dispatch = self._clock()
+        ex.trace.inject(headers)  # after the dispatch mark: the upstream span starts there
+        # One absolute deadline for the first byte: response headers plus the first body chunk.
+        deadline = asyncio.get_running_loop().time() + self._first_byte_timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                upstream = await self._session.post(url, data=call.body, headers=headers)
+        except aiohttp.ClientError as exc:
+            return self._connection_failed(backend_id, exc)
+        except TimeoutError as exc:
+            raise self._timed_out(backend_id) from exc
+        if call.stream and timing.connected is None:
+            # A streaming backend answers its headers on accepting the request, before its queue
+            # and prefill: dispatch → here is the `connect` part of TTFT. A JSON answer's headers
+            # come with the whole body, so there the mark would mean nothing.
+            timing.connected = self._clock()
+        try:
+            if observer is not None and upstream.status == 200 and _is_event_stream(upstream):
+                return await self._relay_stream(request, ex, call, dispatch, upstream, deadline,
+                                                observer)
+            return await self._relay_body(call, backend_id, upstream, deadline)
+        finally:
+            # Closing (not releasing) a connection whose body was not read to the end is what
+            # makes the backend abort the request; after a complete body it goes to the pool.
+            if upstream.content.at_eof():
+                upstream.release()
+            else:
+                upstream.close()
+
+    def _connection_failed(self, backend_id: str, exc: BaseException) -> Retry:
+        self._fleet.record_failure(backend_id, self._clock())
+        return Retry(UpstreamUnreachable(f"backend {backend_id} unreachable: {_describe(exc)}"))
+
+    def _timed_out(self, backend_id: str) -> UpstreamTimeout:
+        return UpstreamTimeout(
+            f"backend {backend_id} sent nothing within {self._first_byte_timeout:g} s"
+        )
+
+    async def _relay_body(self, call: UpstreamCall, backend_id: str,
+                          upstream: aiohttp.ClientResponse, deadline: float) -> Relayed | Retry:
+        """A whole (non-streamed) answer. A JSON body arrives at once when generation ends, so the
+        first-byte deadline covers all of it."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                body = await upstream.read()
+        except aiohttp.ClientError as exc:
+            return self._connection_failed(backend_id, exc)
+        except TimeoutError as exc:
+            raise self._timed_out(backend_id) from exc
+        status = upstream.status
+        if status >= 400:
+            body = normalise_error_body(body, status=status)
+        response = web.Response(
+            status=status,
+            body=body,
+            headers={
+                "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                "x-kvgate-backend": backend_id,
+                "x-kvgate-model": call.model,
+            },
+        )
+        if status in RETRY_STATUSES:
+            self._fleet.record_failure(backend_id, self._clock())
+            return Retry(response)
+        self._fleet.record_success(backend_id, self._clock())
+        if status != 200:
+            return Relayed(response, status, error="status")
+        answer = _decoded(body) if call.tap is not None or b'"usage"' in body else None
+        usage = answer.get("usage") if answer is not None else None
+        return Relayed(response, status, usage=usage if isinstance(usage, dict) else None,
+                       answer=answer)
+
+    async def _relay_stream(self, request: web.Request, ex: Exchange, call: UpstreamCall,
+                            dispatch: Dispatch, upstream: aiohttp.ClientResponse,
+                            deadline: float, observer: StreamObserver) -> Relayed | Retry:
+        backend_id = dispatch.backend_id
+        content = upstream.content
+        try:
+            async with asyncio.timeout_at(deadline):
+                first = await content.readany()
+        except aiohttp.ClientError as exc:
+            return self._connection_failed(backend_id, exc)
+        except TimeoutError as exc:
+            raise self._timed_out(backend_id) from exc
+        if not first:
+            return self._connection_failed(backend_id, ConnectionError("empty stream"))
+        self._fleet.record_success(backend_id, self._clock())
+
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+                "x-kvgate-backend": backend_id,
+                "x-kvgate-model": call.model,
+            }
+        )
+        failure: str | None = None
+        tap = call.tap
+        try:
+            await prepare_stream(request, response, ex, self._clock(), dispatch.route_header())
+            out = observer.feed(first)
+            if out:
+                await response.write(out)
+                if tap is not None:
+                    tap.stream_lines(out)
+            # The hot loop: read what arrived, note what matters, write it on at once.
+            while True:
+                try:
+                    chunk = await content.readany()
+                except aiohttp.ClientError as exc:
+                    failure = f"backend {backend_id} failed mid-stream: {_describe(exc)}"
+                    self._fleet.record_failure(backend_id, self._clock())
+                    break
+                if not chunk:
+                    break
+                out = observer.feed(chunk)
+                if out:
+                    await response.write(out)
+                    if tap is not None:
+                        tap.stream_lines(out)
+            if failure is None:
+                tail = observer.finish()
+                if tail:
+                    await response.write(tail)
+                    if tap is not None:
+                        tap.stream_lines(tail)
+                if not observer.complete:
+                    failure = f"backend {backend_id} ended the stream before it finished"
+            if failure is not None:
+                await response.write(error_event(failure, code="upstream_stream_failed"))
+                await response.write(DONE_EVENT)
+            elif not observer.done:
+                await response.write(DONE_EVENT)
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client went away while we wrote; the caller closes the upstream connection.
+            return Relayed(response, CLIENT_CLOSED, "client gone", observer.usage,
+                           client_disconnected=True)
+        except Exception as exc:
+            # A fault of the gateway's own once the stream has started: the status line is gone,
+            # so the stream ends with an error event (a second response would corrupt it).
+            log.exception("internal error relaying a stream from %s", backend_id)
+            failure = f"internal error: {type(exc).__name__}"
+            with contextlib.suppress(Exception):
+                await response.write(error_event(failure, type_="server_error",
+                                                 code="internal_error"))
+                await response.write(DONE_EVENT)
+                await response.write_eof()
+            return Relayed(response, 500, failure, observer.usage)
+        error = failure or (observer.error or {}).get("message")
+        return Relayed(response, 200, error, observer.usage)
+
+
+def _decoded(body: bytes) -> dict[str, Any] | None:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def _is_event_stream(upstream: aiohttp.ClientResponse) -> bool:
+    return upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
