@@ -106,7 +106,6 @@ async def serve(request: web.Request, ex: Exchange, schema: Schema) -> web.Strea
     if selection is not None:
         model = selection.model
         ex.small_model, ex.model_reason = selection.small, selection.reason
-    ex.model = model
 
     looked = await lookup(request, ex, asked.data, model, stream=asked.stream,
                           include_usage=asked.include_usage, tenant=asked.tenant)
@@ -124,7 +123,7 @@ async def serve(request: web.Request, ex: Exchange, schema: Schema) -> web.Strea
                     and selection is not None and selection.reason == LARGE_FREE):
                 # Mode overflow: the large model refused an easy request (its queue is full, or
                 # it is past its TPOT SLO): the small one takes it instead of a 429.
-                ex.model, ex.small_model, ex.model_reason = route.small, True, OVERFLOW
+                ex.small_model, ex.model_reason = True, OVERFLOW
                 if tap is not None:
                     tap.release()
                     tap = None

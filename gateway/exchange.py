@@ -75,7 +75,6 @@ class Exchange:
     trace: RequestTrace
     keep_prompt: bool = False  # prompt logging is on: the access log may show `asked.prompt_text`
     asked: Asked | None = None  # None until the body is valid
-    model: str | None = None  # the real model it is sent to (alias and choice resolved)
     small_model: bool | None = None  # small-model routing's choice; None when no choice was made
     model_reason: str | None = None  # its reason (x-kvgate-model-reason)
     cache: str = CACHE_BYPASS  # "bypass" while no lookup ran, "miss", or the tier that answered

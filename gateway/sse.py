@@ -9,9 +9,9 @@ the `usage` object and `[DONE]`. JSON is parsed only for a line carrying a usage
 error; an error event in vLLM's legacy shape is rewritten into OpenAI's.
 
 Usage on a stream comes only with `stream_options.include_usage`. The gateway asks for it on every
-stream (gateway/handlers.py) because it learns each backend's speed from the time per output token;
-when the client did not ask, `strip_usage` drops the usage-only event (`"choices":[]`) from what
-is relayed, so the client gets the stream it asked for.
+stream (gateway/complete.py) because it learns each backend's speed from the time per output
+token; when the client did not ask, `strip_usage` drops the usage-only event (`"choices":[]`)
+from what is relayed, so the client gets the stream it asked for.
 """
 
 from __future__ import annotations

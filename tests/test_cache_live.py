@@ -54,7 +54,6 @@ def test_a_tool_call_or_an_error_spoils_it() -> None:
 async def test_every_follower_is_woken_by_each_chunk_and_by_the_end() -> None:
     live = Live("chat")
     one, two = live.subscribe(), live.subscribe()
-    assert live.followed
     live.feed(relayed(ANSWER)[0])
     assert one.is_set() and two.is_set()
     one.clear()
@@ -63,7 +62,10 @@ async def test_every_follower_is_woken_by_each_chunk_and_by_the_end() -> None:
     assert one.is_set() and two.is_set() and live.ended and live.answer == ANSWER
     live.unsubscribe(one)
     live.unsubscribe(two)
-    assert not live.followed
+    one.clear()
+    two.clear()
+    live.feed(b"data: [DONE]\n\n")
+    assert not one.is_set() and not two.is_set()  # unsubscribed: no longer woken
 
 
 def test_a_stream_too_long_to_keep_unread_cannot_be_followed(

@@ -1,6 +1,6 @@
 """The response cache: a request answered from it never reaches a GPU.
 
-Two tiers over one store (DESIGN.md, "the request's path"):
+Two tiers over one store:
 - `exact`: the canonical request's hash (keys.py): same model, messages or prompt and every
   parameter that can change the answer;
 - `semantic`: the nearest earlier question by an embedder's cosine similarity (embed.py,
@@ -12,6 +12,6 @@ Modules: keys.py, embed.py, vectors.py, index.py and answer.py are pure (what is
 key, its vector, the search, the answer and its replay); store.py (MemoryStore) and
 redis_store.py (RedisStore, shared by every replica) keep entries; cache.py (`ResponseCache`)
 runs the tiers, leads identical requests and fails open; live.py is a stream being followed;
-http.py is the handler's side (lookup, replay, following, `Cache-Control`, /admin/cache);
-setup.py builds it from `CacheSettings`; admin.py is `kvgate cache`.
+http.py is the completion path's side (lookup, replay, following, `Cache-Control`,
+/admin/cache); setup.py builds it from `CacheSettings`; admin.py is `kvgate cache`.
 """

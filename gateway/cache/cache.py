@@ -49,7 +49,6 @@ class Hit:
     tier: str  # EXACT or SEMANTIC: the x-kvgate-cache value
     answer: CachedAnswer
     similarity: float  # 1.0 for an exact hit
-    entry_id: str
     created: float  # wall-clock seconds when the answer was stored (the response's Age)
 
 
@@ -111,7 +110,7 @@ class ResponseCache:
             answer = self._decode(entry)
             if answer is not None:
                 self._count(EXACT)
-                return Lookup(Hit(EXACT, answer, 1.0, entry.id, entry.created), None)
+                return Lookup(Hit(EXACT, answer, 1.0, entry.created), None)
         vector = await self.embedding(key)
         if vector:
             found = await self._guarded(
@@ -121,7 +120,7 @@ class ResponseCache:
                 answer = self._decode(near)
                 if answer is not None:
                     self._count(SEMANTIC)
-                    return Lookup(Hit(SEMANTIC, answer, similarity, near.id, near.created), vector)
+                    return Lookup(Hit(SEMANTIC, answer, similarity, near.created), vector)
         leader = self._leaders.get(key.id) if follow_s is not None else None
         if leader is not None:
             try:
@@ -131,7 +130,7 @@ class ResponseCache:
                 answer = None
             if answer is not None:
                 self._count(EXACT)
-                return Lookup(Hit(EXACT, answer, 1.0, key.id, self._wall_clock()), vector)
+                return Lookup(Hit(EXACT, answer, 1.0, self._wall_clock()), vector)
         self._count("miss")
         return Lookup(None, vector)
 

@@ -34,10 +34,6 @@ class Live:
         self.ended = False
         self.answer: CachedAnswer | None = None  # the whole answer, once ended well
 
-    @property
-    def followed(self) -> bool:
-        return bool(self._wakers)
-
     def feed(self, lines: bytes) -> None:
         """The leader relayed `lines` (its hot path: no parsing here)."""
         if self.spoiled:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from opentelemetry.metrics import Meter
 
-from gateway.telemetry import labels as L
+import gateway.telemetry.labels as L
 from gateway.telemetry.counters import CounterSet
 from gateway.telemetry.histograms import HistogramFamily, Series
 from gateway.telemetry.outcome import CACHE_MISS, RequestOutcome

@@ -1,8 +1,8 @@
 """What became of one request: the values telemetry records beside its timing.
 
-Built once by the handler at the end of a request. Free-text fields (models, backend, policy,
-reasons) become metric labels only through a bound on distinct values; `request_id`, `tenant` and
-`prompt` never become labels.
+Built once by the recorder (gateway/observe.py) at the end of a request. Free-text fields
+(models, backend, policy, reasons) become metric labels only through a bound on distinct values;
+`request_id`, `tenant` and `prompt` never become labels.
 """
 
 from __future__ import annotations
@@ -35,10 +35,6 @@ class RequestOutcome:
     small_model: bool | None = None  # small-model routing chose the small model; None = no choice
     error_type: str | None = None  # low-cardinality failure class, e.g. "upstream_timeout"
     prompt: str | None = None  # logged only when the settings allow it; never a label or attribute
-
-    @property
-    def failed(self) -> bool:
-        return self.error_type is not None or self.status >= 400
 
     @property
     def error_label(self) -> str | None:

@@ -25,7 +25,7 @@ from gateway.telemetry.metrics import RequestMetrics
 from gateway.telemetry.outcome import RequestOutcome
 from gateway.telemetry.prometheus import PrometheusReader
 from gateway.telemetry.settings import TelemetrySettings
-from gateway.telemetry.timing import RequestTiming, server_timing
+from gateway.telemetry.timing import RequestTiming
 from gateway.telemetry.tracing import (
     NOOP_TRACE,
     RequestTrace,
@@ -107,11 +107,6 @@ class Telemetry:
         if self._tracer is not None and isinstance(trace, SpanTrace):
             self._tracer.finish(trace, timing, outcome)
         self._access_log.log(timing, outcome, trace.trace_id)
-
-    @staticmethod
-    def server_timing(timing: RequestTiming) -> str:
-        """The `server-timing` response header value for what `timing` knows so far."""
-        return server_timing(timing)
 
     def poll_error(self, backend: str, error: str) -> None:
         """Count one failed scrape of `backend`; `error` is a short class, e.g. "timeout"."""

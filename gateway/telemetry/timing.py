@@ -14,9 +14,9 @@ from the connection (or from the dispatch when no connect mark was taken). `gate
 left: parsing, auth, model selection, cost estimate. The queue is the wait for admission; the
 wider "arrival → dispatch" span is `pre_dispatch_s`.
 
-The record is mutable on purpose: the handler fills it in as the request moves, and reads it
-once at the end. Retries before the first byte stay inside `upstream`: `dispatch` is the first
-attempt's start.
+The record is mutable on purpose: each step of the completion path marks its own times as the
+request moves (the cache, the proxy), and the recorder reads it once at the end. Retries before
+the first byte stay inside `upstream`: `dispatch` is the first attempt's start.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from gateway.telemetry import labels as L
+import gateway.telemetry.labels as L
 from gateway.telemetry.otlp import load_otlp_exporter
 from gateway.telemetry.outcome import RequestOutcome
 from gateway.telemetry.settings import TelemetrySettings
