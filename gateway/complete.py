@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 
 import orjson
 from aiohttp import web
 
 from gateway.admission import Overloaded
-from gateway.attempt import CLIENT_CLOSED, ClientGone, Forwarded
+from gateway.attempt import CLIENT_CLOSED, ClientGone, Forwarded, Outcome
 from gateway.auth import KeyInfo, authorize
 from gateway.cache.cache import CacheTap
 from gateway.cache.http import Answered, lookup
@@ -51,7 +52,8 @@ from gateway.relay import UpstreamCall
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, decode_object, validate
 from gateway.small_model import choose
 from gateway.telemetry.outcome import CACHE_MISS
-from routing.model_select import LARGE_FREE, OVERFLOW
+from routing.dispatch import Job
+from routing.model_select import LARGE_FREE, OVERFLOW, Selection, SmallModelRoute
 
 INTERNAL_STATUS = 500
 Schema = type[ChatCompletionRequest] | type[CompletionRequest]
@@ -90,22 +92,13 @@ async def complete(request: web.Request, endpoint: Endpoint,
 
 
 async def serve(request: web.Request, ex: Exchange, schema: Schema) -> web.StreamResponse:
-    """The request's steps, in order; each decision is written on `ex` here, and only here."""
+    """The request's steps, in order; each decision is written on `ex` here (and in the steps
+    it calls from here), and only here."""
     app = request.app
     ring = app[KEYRING]
     key = authorize(ring, ex.endpoint.path, ex.headers, app[CLOCK]()) if ring.enabled else None
     asked = ex.asked = await parse(request, ex, schema, key)
-
-    route = app[MODEL_ROUTES].get(asked.model)
-    # A small-model routing alias is served by its large model unless `choose` says otherwise.
-    model = route.large if route else app[SETTINGS].model_aliases.get(asked.model, asked.model)
-    fleet = app[FLEET]
-    if not any(model in fleet.models_of(spec.id) for spec in fleet.specs):
-        raise ModelNotFound(f"the model {asked.model!r} does not exist", param="model")
-    selection = choose(app, route, asked) if route is not None else None
-    if selection is not None:
-        model = selection.model
-        ex.small_model, ex.model_reason = selection.small, selection.reason
+    model, route, selection = choose_model(app, ex, asked)
 
     looked = await lookup(request, ex, asked.data, model, stream=asked.stream,
                           include_usage=asked.include_usage, tenant=asked.tenant)
@@ -118,31 +111,60 @@ async def serve(request: web.Request, ex: Exchange, schema: Schema) -> web.Strea
     try:
         charged = charge_tokens(app, key, asked)
         try:
-            forwarded = await forward(request, ex, asked, model, tap)
+            routing = app[SETTINGS].routing
+            job = job_of(ex, asked, model, priority_header=routing.priority_header,
+                         session_header=routing.session_header)
+            forwarded = await forward(request, ex, asked, job, tap)
             if (isinstance(forwarded.reply, Overloaded) and route is not None
                     and selection is not None and selection.reason == LARGE_FREE):
                 # Mode overflow: the large model refused an easy request (its queue is full, or
-                # it is past its TPOT SLO): the small one takes it instead of a 429.
+                # it is past its TPOT SLO): the small one takes it instead of a 429. Its answer
+                # is not stored: the key is the large model's.
                 ex.small_model, ex.model_reason = True, OVERFLOW
                 if tap is not None:
                     tap.release()
                     tap = None
-                forwarded = await forward(request, ex, asked, route.small, None)
+                forwarded = await forward(request, ex, asked, replace(job, model=route.small),
+                                          None)
         finally:
             if key is not None and charged:
                 settle_tokens(app, key, charged, ex)
-        outcome = forwarded.outcome
-        if tap is not None and outcome.whole:
-            if outcome.answer is not None:
-                tap.whole(outcome.answer)
-            elif asked.stream:
-                tap.stream_ended(outcome.usage)
+        if tap is not None:
+            keep_answer(tap, forwarded.outcome, stream=asked.stream)
     finally:
         if tap is not None:
             tap.release()  # identical requests waiting for this one's answer stop waiting
     if isinstance(forwarded.reply, GatewayError):
         raise forwarded.reply
     return forwarded.reply
+
+
+def choose_model(app: web.Application, ex: Exchange, asked: Asked
+                 ) -> tuple[str, SmallModelRoute | None, Selection | None]:
+    """The real model the request goes to; for a small-model routing alias, the route and its
+    choice (the large model unless `choose` says otherwise). ModelNotFound when no backend
+    serves the model."""
+    route = app[MODEL_ROUTES].get(asked.model)
+    model = route.large if route else app[SETTINGS].model_aliases.get(asked.model, asked.model)
+    fleet = app[FLEET]
+    if not any(model in fleet.models_of(spec.id) for spec in fleet.specs):
+        raise ModelNotFound(f"the model {asked.model!r} does not exist", param="model")
+    if route is None:
+        return model, None, None
+    selection = choose(app, route, asked)
+    ex.small_model, ex.model_reason = selection.small, selection.reason
+    return selection.model, route, selection
+
+
+def keep_answer(tap: CacheTap, outcome: Outcome, *, stream: bool) -> None:
+    """The cache's store side: an answer the client got whole is stored, if it can be
+    replayed."""
+    if not outcome.whole:
+        return
+    if outcome.answer is not None:
+        tap.whole(outcome.answer)
+    elif stream:
+        tap.stream_ended(outcome.usage)
 
 
 async def parse(request: web.Request, ex: Exchange, schema: Schema,
@@ -188,11 +210,13 @@ def settle_tokens(app: web.Application, key: KeyInfo, charged: int, ex: Exchange
         app[KEYRING].settle(key, charged, used, app[CLOCK]())
 
 
-async def forward(request: web.Request, ex: Exchange, asked: Asked, model: str,
+async def forward(request: web.Request, ex: Exchange, asked: Asked, job: Job,
                   tap: CacheTap | None) -> Forwarded:
-    """The cost estimate's input (the Job), admission, routing and the proxy, for `model`."""
+    """Admission, routing and the proxy for `job` (its cost is estimated when it is submitted),
+    sent to `job.model`."""
     app = request.app
     settings = app[SETTINGS]
+    model = job.model
     # The client's bytes go upstream unchanged unless the model is an alias or a stream's usage
     # must be asked for: the gateway learns each backend's speed from its streams' token counts.
     strip_usage = asked.stream and not asked.include_usage and settings.server.stream_usage
@@ -205,8 +229,6 @@ async def forward(request: web.Request, ex: Exchange, asked: Asked, model: str,
                                       "include_usage": True}
         data["model"] = model
         raw = orjson.dumps(data)
-    job = job_of(ex, asked, model, priority_header=settings.routing.priority_header,
-                 session_header=settings.routing.session_header)
     call = UpstreamCall(path=ex.endpoint.path, body=raw, model=model, stream=asked.stream,
                         strip_usage=strip_usage, choices=asked.choices, tap=tap)
     try:

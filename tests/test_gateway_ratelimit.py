@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.ratelimit import DEFAULT_OUTPUT_TOKENS, TokenBucket, estimated_tokens
+from gateway.ratelimit import DEFAULT_OUTPUT_TOKENS, TokenBucket, estimated_tokens, tokens_used
 from tests.test_gateway_auth import (
     ADMIN_KEY,
     KEYS,
@@ -76,6 +76,20 @@ def test_an_amount_over_the_capacity_waits_for_a_full_bucket() -> None:
 def test_a_requests_estimate_is_its_prompt_over_4_plus_its_max_tokens() -> None:
     assert estimated_tokens(401, 100) == 101 + 100
     assert estimated_tokens(0, None) == DEFAULT_OUTPUT_TOKENS
+
+
+@pytest.mark.parametrize(("usage", "served", "used"), [
+    pytest.param({"prompt_tokens": 5, "completion_tokens": 3}, True, 8,
+                 id="an answer with usage used its prompt and completion tokens"),
+    pytest.param({"prompt_tokens": 5}, True, 5, id="a count the usage lacks counts nothing"),
+    pytest.param({"prompt_tokens": "5", "completion_tokens": 3}, True, 3,
+                 id="a count that is not an integer counts nothing"),
+    pytest.param(None, True, None, id="a backend served it without usage: keep the estimate"),
+    pytest.param(None, False, 0, id="no backend took it: it used nothing"),
+])
+def test_a_request_settles_its_estimate_on_what_it_used(
+        usage: dict[str, object] | None, served: bool, used: int | None) -> None:
+    assert tokens_used(usage, served=served) == used
 
 
 async def test_a_key_over_its_tpm_gets_429_and_a_cache_hit_is_not_charged() -> None:

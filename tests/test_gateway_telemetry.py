@@ -390,6 +390,24 @@ async def test_a_request_refused_before_routing_is_still_recorded_once(
     assert total(samples, name, error_type=str(status), gen_ai_request_model=model) == 1
 
 
+async def test_a_refused_request_carries_the_exchanges_headers_and_its_logged_request_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No x-request-id sent: the one the gateway made up is the response's and the log's."""
+    caplog.set_level(logging.INFO, logger="kvgate.access")
+    body = orjson.dumps({"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
+    async with gateway_over(Upstream()) as (url, http):
+        async with http.post(url + "/v1/chat/completions", data=body,
+                             headers={"Content-Type": "application/json"}) as response:
+            assert response.status == 404
+            headers = response.headers
+    (record,) = access_lines(caplog)
+    assert headers["x-request-id"] == record["request_id"]
+    assert headers["x-kvgate-cache"] == "bypass"  # refused before any lookup
+    assert "total" in server_timing(headers["server-timing"])
+    assert int(headers["openai-processing-ms"]) >= 0
+
+
 def test_the_telemetry_section_maps_onto_the_telemetry_settings() -> None:
     settings = load_settings(None, environ={
         "KVGATE_TELEMETRY__TRACE_SAMPLE_RATIO": "0.25",
