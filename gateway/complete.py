@@ -44,7 +44,7 @@ from gateway.exchange import (
     tenant_of,
     user_turns,
 )
-from gateway.headers import stamp, stamped_error
+from gateway.headers import stamp, stamp_error
 from gateway.keys import CLOCK, FLEET, KEYRING, MODEL_ROUTES, PROXY, SETTINGS
 from gateway.observe import RECORDER
 from gateway.ratelimit import estimated_tokens, tokens_used
@@ -77,7 +77,8 @@ async def complete(request: web.Request, endpoint: Endpoint,
         response = await serve(request, ex, schema)
     except GatewayError as exc:
         recorder.finish(ex, exc.status, whole=False)
-        raise stamped_error(exc, ex, clock(), _route(ex)) from None
+        stamp_error(exc, ex, clock(), _route(ex))
+        raise
     except asyncio.CancelledError:  # the client hung up
         recorder.finish(ex, CLIENT_CLOSED, whole=False)
         raise

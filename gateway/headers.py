@@ -10,7 +10,7 @@ A whole answer gets them when it is complete (`stamp`, from the completion path)
 is there (`ttft`, `total`). A stream's headers leave before its first token: the proxy and the
 cache's replay call `prepare_stream`, and its `server-timing` holds the parts known by then,
 `queue`, `cache`, `route` and `connect`. An error raised on the path carries them too
-(`stamped_error`).
+(`stamp_error`).
 """
 
 from __future__ import annotations
@@ -62,9 +62,8 @@ async def prepare_stream(request: web.Request, response: web.StreamResponse, ex:
     await response.prepare(request)
 
 
-def stamped_error(error: GatewayError, ex: Exchange, now: float,
-                  route: str | None = None) -> GatewayError:
-    """`error` with the exchange's headers added to its own (its own win: Retry-After, the
-    queue wait of a refusal)."""
+def stamp_error(error: GatewayError, ex: Exchange, now: float,
+                  route: str | None = None) -> None:
+    """Adds the exchange's headers to those of `error` (its own win: Retry-After, the queue
+    wait of a refusal)."""
     error.headers = MappingProxyType({**headers_of(ex, now, route), **error.headers})
-    return error

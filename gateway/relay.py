@@ -174,7 +174,7 @@ class Relay:
             return Retry(response)
         self._fleet.record_success(backend_id, self._clock())
         if status != 200:
-            return Relayed(response, status, error="status")
+            return Relayed(response, status, error=None if status < 400 else "status")
         answer = _decoded(body) if call.tap is not None or b'"usage"' in body else None
         usage = answer.get("usage") if answer is not None else None
         return Relayed(response, status, usage=usage if isinstance(usage, dict) else None,
