@@ -1,0 +1,446 @@
+"""The near-miss guard: every semantic hit must pass it.
+
+Two questions can be close in embedding space and still want different answers: they differ in
+a number, a unit, a quoted string, a command, a "not", the order of two named things around
+"to", a name, a language or the audience. `veto(new, cached)` compares what decides the answer
+and names the first difference found; None lets the hit through. It only ever vetoes: a
+question pair it cannot read (no words, another script) is judged on what it can read.
+
+Pure: texts in, a value out. `Question` holds what the checks read from one text, so a caller
+can compute the cached side once and keep it (`features(text)`, then `compare`).
+
+What is compared, in order (each a `Veto.kind`):
+- code: backtick spans and identifier-like tokens (paths, flags, dotted or snake_case names,
+  tokens with symbols or letters and digits mixed), verbatim, symbols included;
+- quoted: the strings in double, single or typographic quotes, casefolded;
+- number: every number, digits or words ("5" and "five" agree; "1,000" and "1000" too);
+- date: months, weekdays, "today"/"tomorrow"/..., "this/next/last week";
+- unit: units and currencies, each spelling to one name ("km" and "kilometres" agree), and
+  their order ("Celsius in Fahrenheit" converts the other way from "Fahrenheit in Celsius");
+- negation: how many negating words each has ("not", "never", "without", "avoid", ...), and
+  antonyms: a word in one and its opposite in the other, by a polar prefix of one stem
+  ("legal"/"illegal", "encrypt"/"decrypt") or a list of opposites ("best"/"worst");
+- direction: the named things on either side of a directional word (to, into, from, vs, than,
+  over, arrows) swapped between the two;
+- entity: a capitalised or upper-case name in one that the other does not contain;
+- language: the script and the function words of the question, and the languages it names;
+- audience: who the answer is for ("like I'm five", "for an expert", "in simple terms") and how
+  long it is asked to be ("briefly", "in detail").
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gateway.cache import guard_words as words
+
+KINDS = ("code", "quoted", "number", "date", "unit", "negation", "direction", "entity",
+         "language", "audience")
+
+
+@dataclass(frozen=True, slots=True)
+class Veto:
+    kind: str  # one of KINDS
+    detail: str  # what differs, for logs and `kvgate cache eval`
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """What the guard reads from one question."""
+
+    code: frozenset[str]
+    quoted: frozenset[str]
+    numbers: frozenset[str]
+    dates: frozenset[str]
+    units: tuple[str, ...]  # in the order they first appear
+    negations: int
+    words: frozenset[str]  # every word, casefolded: what names are looked up in
+    pairs: tuple[tuple[frozenset[str], frozenset[str]], ...]  # (from-side, to-side)
+    entities: frozenset[str]
+    script: str
+    language: str  # "" when the function words do not tell
+    languages: frozenset[str]  # the languages it names
+    audience: frozenset[str]
+
+
+def veto(new: str, cached: str) -> Veto | None:
+    """Why the answer to `cached` must not serve `new`; None when nothing decisive differs."""
+    if new == cached:
+        return None
+    return compare(features(new), features(cached))
+
+
+def allows(new: str, cached: str) -> bool:
+    return veto(new, cached) is None
+
+
+_CODE_SPAN = re.compile(r"```(.+?)```|`([^`]+)`", re.S)
+_QUOTED = re.compile(r"\"([^\"]{1,300})\"|“([^”]{1,300})”|„([^“”]{1,300})[“”]|«([^»]{1,300})»"
+                     r"|(?<![\w'])'([^'\n]{1,300}?)'(?![\w])|‘([^’\n]{1,300}?)’(?!\w)")
+_ARROW = r"-->|->|→|=>|⇒|⟶|↦|<-|←"
+_TOKEN = re.compile(rf"(?P<arrow>{_ARROW})|(?P<word>[\w][\w'’\-./#+:@~]*[\w#+]|\w)"
+                    r"|(?P<sym>[$€£¥₹₩₽%°])|(?P<punct>[.?!,;:()¿¡])")
+_NUMBER = re.compile(r"(?<![\w.])(\d+(?:[.,]\d+)*)")
+_IDENTIFIER = re.compile(r"[/\\_=<>{}\[\]()$#@*~|&^+]|::|\w\.\w|^--?\w")
+_HYPHENATED = re.compile(r"^[^\W\d_]+(?:-[^\W_]+)+$|^\d+(?:-[^\W\d_]+)+$")
+_DEGREES = re.compile(r"°\s*([CF])\b")
+_DATA_UNIT = re.compile(r"([kmgtpKMGTP]i?)([bB])(its?|ytes?|ps|/s)?")
+_ABBREVIATION = re.compile(r"^(?:[^\W\d_]\.){2,}$|^(?:[^\W\d_]\.)+[^\W\d_]$")
+_ORDINAL = re.compile(r"^\d+(?:st|nd|rd|th|s)$")
+_SCRIPTS = (("CYRILLIC", "cyrillic"), ("GREEK", "greek"),
+            ("ARABIC", "arabic"), ("HEBREW", "hebrew"), ("HIRAGANA", "japanese"),
+            ("KATAKANA", "japanese"), ("CJK", "han"), ("HANGUL", "hangul"),
+            ("DEVANAGARI", "devanagari"), ("THAI", "thai"), ("LATIN", "latin"))
+_SENTENCE_END = frozenset(".?!:;¿¡(")
+CONTEXT_WORDS = 3  # content words read on each side of a directional word
+
+
+@dataclass(frozen=True, slots=True)
+class _Token:
+    raw: str  # as written
+    low: str  # casefolded, possessive and apostrophes handled
+    kind: str  # arrow, word, sym, punct
+
+
+def features(text: str) -> Question:
+    """What the checks read from `text`."""
+    text = unicodedata.normalize("NFKC", text)
+    code = {next(g for g in match.groups() if g is not None).strip()
+            for match in _CODE_SPAN.finditer(text)}
+    text = _CODE_SPAN.sub(" , ", text)
+    quoted = {" ".join(next(g for g in match.groups() if g is not None).casefold().split())
+              for match in _QUOTED.finditer(text)}
+    text = _QUOTED.sub(" , ", text)
+    text = _DEGREES.sub(lambda match: " celsius" if match.group(1) == "C" else " fahrenheit",
+                        text)
+    for phrase, replacement in words.PHRASES.items():
+        text = re.sub(rf"\b{phrase}\b", replacement, text, flags=re.I)
+    tokens = _tokens(text)
+    lows = [token.low for token in tokens]
+    code |= {token.low for token in tokens if _is_identifier(token.raw)}
+    return Question(
+        code=frozenset(code), quoted=frozenset(quoted), numbers=_numbers(text, lows),
+        dates=_dates(tokens), units=_units(tokens), negations=sum(
+            low in words.NEGATIONS for low in lows),
+        words=frozenset(part for low in lows for part in re.findall(r"\w+", low)) | set(lows),
+        pairs=_pairs(lows), entities=_entities(tokens), script=_script(text),
+        language=_language(lows), languages=frozenset(
+            words.LANGUAGE_NAMES[low] for low in lows if low in words.LANGUAGE_NAMES),
+        audience=_audience(lows))
+
+
+def compare(new: Question, cached: Question) -> Veto | None:
+    """The first decisive difference between two questions' features, or None."""
+    for kind, mine, theirs in (("code", new.code, cached.code),
+                               ("quoted", new.quoted, cached.quoted),
+                               ("number", new.numbers, cached.numbers),
+                               ("date", new.dates, cached.dates),
+                               ("unit", frozenset(new.units), frozenset(cached.units))):
+        if mine != theirs:
+            return Veto(kind, _difference(mine, theirs))
+    if new.units != cached.units:  # the same units in another order: "X in Y" converts X to Y
+        return Veto("unit", f"{' -> '.join(new.units)} vs {' -> '.join(cached.units)}")
+    if new.negations != cached.negations:
+        return Veto("negation", f"{new.negations} negations vs {cached.negations}")
+    opposite = _antonyms(new.words - cached.words, cached.words - new.words)
+    if opposite:
+        return Veto("negation", f"{opposite[0]} vs {opposite[1]}")
+    swapped = _swapped(new.pairs, cached.pairs) or _swapped(cached.pairs, new.pairs)
+    if swapped:
+        return Veto("direction", swapped)
+    if new.script != cached.script or (new.language and cached.language
+                                       and new.language != cached.language):
+        return Veto("language", f"{new.script}/{new.language or '?'} vs"
+                                f" {cached.script}/{cached.language or '?'}")
+    if new.languages != cached.languages:
+        return Veto("language", _difference(new.languages, cached.languages))
+    missing = sorted((new.entities - cached.words) | (cached.entities - new.words))
+    if missing:
+        return Veto("entity", ", ".join(missing))
+    if new.audience != cached.audience:
+        return Veto("audience", _difference(new.audience, cached.audience))
+    return None
+
+
+def _difference(mine: Iterable[str], theirs: Iterable[str]) -> str:
+    return f"{sorted(mine)} vs {sorted(theirs)}"
+
+
+def _tokens(text: str) -> list[_Token]:
+    tokens: list[_Token] = []
+    for match in _TOKEN.finditer(text):
+        kind = match.lastgroup or "punct"
+        raw = match.group()
+        low = raw.casefold().replace("’", "'")
+        if kind == "word":
+            low = low.rstrip(".:")  # a sentence's full stop, not part of the word
+            if _ABBREVIATION.match(raw):
+                low = low.replace(".", "")
+            if low in words.CONTRACTIONS:
+                tokens.extend(_Token(raw, part, kind) for part in words.CONTRACTIONS[low])
+                continue
+            if low.endswith("n't"):
+                tokens.extend((_Token(raw, low[:-3], kind), _Token(raw, "not", kind)))
+                continue
+            low = re.sub(r"'(?:s|re|ve|ll|m|d)$|'$", "", low)
+        tokens.append(_Token(raw, low, kind))
+    return tokens
+
+
+def _is_identifier(raw: str) -> bool:
+    word = raw.rstrip(".:")
+    if not word or _HYPHENATED.match(word) or _ABBREVIATION.match(word) or _ORDINAL.match(word):
+        return False
+    if word.replace(".", "").replace(",", "").isdigit():
+        return False  # a number: compared as one
+    if word.casefold() in words.UNITS:
+        return False
+    has_digit = any(char.isdigit() for char in word)
+    has_alpha = any(char.isalpha() for char in word)
+    return bool(_IDENTIFIER.search(word)) or (has_digit and has_alpha)
+
+
+def _numbers(text: str, lows: list[str]) -> frozenset[str]:
+    found: set[str] = set()
+    for match in _NUMBER.finditer(text):
+        found.add(_canonical_number(match.group(1)))
+    previous = ""
+    for low in lows:
+        value = words.NUMBER_WORDS.get(low)
+        if value is not None:
+            if previous in words.TENS and value < 10:
+                found.discard(str(words.NUMBER_WORDS[previous]))
+                value += words.NUMBER_WORDS[previous]
+            found.add(str(value))
+        for part in low.split("-") if "-" in low else ():
+            if part in words.NUMBER_WORDS:
+                found.add(str(words.NUMBER_WORDS[part]))
+        previous = low
+    return frozenset(found)
+
+
+def _canonical_number(number: str) -> str:
+    """Thousands separators dropped ("1,000"), a decimal comma read as a point ("1,5")."""
+    if re.fullmatch(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?", number):
+        number = number.replace(",", "")
+    number = number.replace(",", ".")
+    whole, _, fraction = number.partition(".")
+    whole = whole.lstrip("0") or "0"
+    return f"{whole}.{fraction}" if fraction else whole
+
+
+def _dates(tokens: list[_Token]) -> frozenset[str]:
+    found: set[str] = set()
+    lows = [token.low for token in tokens]
+    for index, token in enumerate(tokens):
+        low = token.low
+        near_number = any(0 <= other < len(lows) and lows[other][:1].isdigit()
+                          for other in (index - 1, index + 1))
+        if low in words.MONTHS and (low not in words.AMBIGUOUS_MONTHS or near_number
+                                    or (token.raw[:1].isupper() and index > 0)):
+            found.add(words.MONTHS[low])
+        elif low in words.WEEKDAYS:
+            found.add(words.WEEKDAYS[low])
+        elif low in words.TIME_WORDS:
+            found.add(low)
+        elif low in words.SEASON_ALIASES and index and lows[index - 1] in (
+                words.RELATIVE | {"the", "in"}):
+            found.add(words.SEASON_ALIASES[low])
+        if low in words.RELATIVE and index + 1 < len(lows):
+            following = lows[index + 1]
+            if following in words.PERIODS or following in words.WEEKDAYS:
+                found.add(f"{low} {following}")
+    return frozenset(found)
+
+
+def _units(tokens: list[_Token]) -> tuple[str, ...]:
+    found: dict[str, None] = {}
+    lows = [token.low for token in tokens]
+    for index, low in enumerate(lows):
+        unit = _unit(tokens[index].raw, low)
+        if unit is None:
+            continue
+        form, name = unit
+        if form in words.NEEDS_NUMBER:
+            previous = lows[index - 1] if index else ""
+            if not (previous[:1].isdigit() or previous in words.NUMBER_WORDS
+                    or previous in words.COUNT_WORDS):
+                continue
+        found.setdefault(name)
+    return tuple(found)
+
+
+def _unit(raw: str, low: str) -> tuple[str, str] | None:
+    """The unit `low` spells (its singular form and canonical name), or None. A data unit is
+    bytes with a capital B ("MB", "MBps"), bits with a small b after a capital ("Mb", "Mbps"),
+    and as spelt out ("mbit", "mbyte"); all in small letters, "mb" is read as bytes and "mbps"
+    as bits, as they are mostly meant."""
+    for form in (low, low[:-1] if low.endswith("s") else "", low[:-2] if low.endswith("es")
+                 else ""):
+        if form and form in words.UNITS:
+            return form, words.UNITS[form]
+    match = _DATA_UNIT.fullmatch(raw)
+    if match is None:
+        return None
+    prefix, letter, rest = match.group(1).casefold(), match.group(2), (match.group(3) or "")
+    rest = rest.casefold()
+    if rest.startswith("it") or (letter == "b" and match.group(1)[0].isupper()):
+        size = "bit"
+    elif rest.startswith("yte") or letter == "B":
+        size = "byte"
+    else:
+        size = "bit" if rest in ("ps", "/s") else "byte"
+    return low, prefix + size + ("/s" if rest in ("ps", "/s") else "")
+
+
+def _antonyms(mine: frozenset[str], theirs: frozenset[str]) -> tuple[str, str] | None:
+    for word in sorted(mine):
+        for other in sorted(theirs):
+            if frozenset((word, other)) in words.ANTONYMS or _polar(word, other):
+                return word, other
+    return None
+
+
+def _polar(first: str, second: str) -> bool:
+    """Whether the two words are one stem with opposite prefixes or suffixes."""
+    for a, b in ((first, second), (second, first)):
+        for prefix in words.POLAR_PREFIXES:
+            stem = a[len(prefix):].lstrip("-")
+            if a.startswith(prefix) and len(stem) >= 4 and (
+                    b == stem or any(b == other + stem or b == f"{other}-{stem}"
+                                     for other in words.POLAR_PREFIXES if other != prefix)):
+                return True
+        for suffix, opposite in words.SUFFIX_OPPOSITES:
+            if a.endswith(suffix) and len(a) > len(suffix) + 2 and b == a[:-len(suffix)] + opposite:
+                return True
+    return False
+
+
+def _pairs(lows: list[str]) -> tuple[tuple[frozenset[str], frozenset[str]], ...]:
+    """For each directional word, the named things before and after it (the source side
+    first): up to three content words each way, within the clause."""
+    pairs = []
+    for index, low in enumerate(lows):
+        if low not in words.DIRECTIONAL and low not in words.REVERSED_DIRECTIONAL:
+            continue
+        before = _content(reversed(lows[:index]))
+        after = _content(lows[index + 1:])
+        if low in words.REVERSED_DIRECTIONAL:
+            before, after = after, before
+        if before and after:
+            pairs.append((before, after))
+        if low == "from":  # "from X to Y": X and Y are the ends
+            for later in range(index + 1, len(lows)):
+                if lows[later] in words.DIRECTIONAL:
+                    target = _content(lows[later + 1:])
+                    if after and target:
+                        pairs.append((after, target))
+                    break
+    return tuple(pairs)
+
+
+def _content(sequence: Iterable[str]) -> frozenset[str]:
+    found: list[str] = []
+    for low in sequence:
+        if low in _SENTENCE_END or low == "," or low in words.DIRECTIONAL \
+                or low in words.REVERSED_DIRECTIONAL:
+            break
+        if low in words.STOPWORDS:
+            continue
+        found.append(low)
+        if len(found) == CONTEXT_WORDS:
+            break
+    return frozenset(found)
+
+
+def _swapped(mine: tuple[tuple[frozenset[str], frozenset[str]], ...],
+             theirs: tuple[tuple[frozenset[str], frozenset[str]], ...]) -> str | None:
+    for source, target in _distinct(mine):
+        for other_source, other_target in _distinct(theirs):
+            forward = source & other_target
+            backward = target & other_source
+            if forward and backward and forward != backward and not (
+                    forward & other_source or backward & other_target):
+                return f"{sorted(source)}->{sorted(target)} vs" \
+                       f" {sorted(other_source)}->{sorted(other_target)}"
+    return None
+
+
+def _distinct(pairs: Iterable[tuple[frozenset[str], frozenset[str]]]
+              ) -> list[tuple[frozenset[str], frozenset[str]]]:
+    """Each pair without the words on both of its sides ("Windows 10 to Windows 11": 10, 11)."""
+    return [(source - target, target - source) for source, target in pairs]
+
+
+def _entities(tokens: list[_Token]) -> frozenset[str]:
+    """Names: upper-case or mixed-case words anywhere, capitalised words not opening a sentence."""
+    found: set[str] = set()
+    for index, token in enumerate(tokens):
+        if token.kind != "word" or not token.raw[:1].isalpha() or len(token.low) < 2:
+            continue
+        raw = token.raw
+        inner_capital = any(char.isupper() for char in raw[1:])
+        opens = index == 0 or tokens[index - 1].low in _SENTENCE_END
+        if inner_capital or (raw[0].isupper() and not opens):
+            if token.low in words.STOPWORDS or token.low in words.NOVICE | words.EXPERT:
+                continue
+            found.update(part for part in re.findall(r"[^\W\d_]+", token.low) if len(part) > 1)
+    return frozenset(found)
+
+
+def _script(text: str) -> str:
+    counts: dict[str, int] = {}
+    for char in text:
+        if not char.isalpha():
+            continue
+        name = unicodedata.name(char, "")
+        for prefix, script in _SCRIPTS:
+            if name.startswith(prefix):
+                counts[script] = counts.get(script, 0) + 1
+                break
+    if "japanese" in counts:  # kana: Japanese, whatever share its kanji have
+        return "japanese"
+    return max(counts, key=lambda script: counts[script]) if counts else ""
+
+
+def _language(lows: list[str]) -> str:
+    scores = {code: sum(low in vocabulary for low in lows)
+              for code, vocabulary in words.LANGUAGE_WORDS.items()}
+    ranked = sorted(scores.items(), key=lambda item: -item[1])
+    (best, top), (_, second) = ranked[0], ranked[1]
+    return best if top >= 2 and top > second else ""
+
+
+def _audience(lows: list[str]) -> frozenset[str]:
+    found: set[str] = set()
+    for low in lows:
+        if low in words.NOVICE:
+            found.add("novice")
+        elif low in words.EXPERT:
+            found.add("expert")
+        elif low in words.BRIEF:
+            found.add("brief")
+        elif low in words.DETAILED:
+            found.add("detailed")
+    joined = " ".join(lows)
+    if re.search(r"\blike i (?:am|m)?\s*(?:a |an )?(?:\d+|five|young|child|kid)\b", joined):
+        found.add("novice")
+    explaining = any(low in words.AUDIENCE_VERBS for low in lows)
+    for match in re.finditer(r"\b(?:like i(?: am)?|as an?|to an?|to my|for an?|for my)\s+"
+                             r"((?:[\w-]+\s+){0,2}[\w-]+)", joined):
+        if explaining or match.group().startswith("like"):
+            found.add("for " + _audience_noun(match.group(1)))
+    return frozenset(found)
+
+
+def _audience_noun(phrase: str) -> str:
+    """The head of an audience phrase: its last word before punctuation or a clause word."""
+    kept = []
+    for word in phrase.split():
+        if word in words.STOPWORDS or word in words.DIRECTIONAL:
+            break
+        kept.append(word)
+    return " ".join(kept[-1:]) or phrase
