@@ -55,7 +55,8 @@ class Question:
     quoted: frozenset[str]
     numbers: frozenset[str]
     dates: frozenset[str]
-    units: tuple[str, ...]  # in the order they first appear
+    units: frozenset[str]
+    conversions: frozenset[tuple[str, str]]  # two units joined by "in", "to", "per", ...
     negations: int
     words: frozenset[str]  # every word, casefolded: what names are looked up in
     pairs: tuple[tuple[frozenset[str], frozenset[str]], ...]  # (from-side, to-side)
@@ -81,7 +82,10 @@ _CODE_SPAN = re.compile(r"```(.+?)```|`([^`]+)`", re.S)
 _QUOTED = re.compile(r"\"([^\"]{1,300})\"|“([^”]{1,300})”|„([^“”]{1,300})[“”]|«([^»]{1,300})»"
                      r"|(?<![\w'])'([^'\n]{1,300}?)'(?![\w])|‘([^’\n]{1,300}?)’(?!\w)")
 _ARROW = r"-->|->|→|=>|⇒|⟶|↦|<-|←"
-_TOKEN = re.compile(rf"(?P<arrow>{_ARROW})|(?P<word>[\w][\w'’\-./#+:@~]*[\w#+]|\w)"
+_TOKEN = re.compile(rf"(?P<arrow>{_ARROW})"
+                    r"|(?P<word>(?<![\w\-])--?[^\W\d_][\w\-]*"  # a flag: -x, --force
+                    r"|(?<![\w.~/])(?:\.{1,2}/|~/|/)[\w.\-/~]*\w"  # a path: ./build, /etc
+                    r"|[\w][\w'’\-./#+:@~]*[\w#+]|\w)"
                     r"|(?P<sym>[$€£¥₹₩₽%°])|(?P<punct>[.?!,;:()¿¡])")
 _NUMBER = re.compile(r"(?<![\w.])(\d+(?:[.,]\d+)*)")
 _IDENTIFIER = re.compile(r"[/\\_=<>{}\[\]()$#@*~|&^+]|::|\w\.\w|^--?\w")
@@ -121,9 +125,11 @@ def features(text: str) -> Question:
     tokens = _tokens(text)
     lows = [token.low for token in tokens]
     code |= {token.low for token in tokens if _is_identifier(token.raw)}
+    units = _units(tokens)
     return Question(
         code=frozenset(code), quoted=frozenset(quoted), numbers=_numbers(text, lows),
-        dates=_dates(tokens), units=_units(tokens), negations=sum(
+        dates=_dates(tokens), units=frozenset(name for name, _ in units),
+        conversions=_conversions(units, lows), negations=sum(
             low in words.NEGATIONS for low in lows),
         words=frozenset(part for low in lows for part in re.findall(r"\w+", low)) | set(lows),
         pairs=_pairs(lows), entities=_entities(tokens), script=_script(text),
@@ -134,15 +140,22 @@ def features(text: str) -> Question:
 
 def compare(new: Question, cached: Question) -> Veto | None:
     """The first decisive difference between two questions' features, or None."""
+    if new.script != cached.script or (new.language and cached.language
+                                       and new.language != cached.language):
+        return Veto("language", f"{new.script}/{new.language or '?'} vs"
+                                f" {cached.script}/{cached.language or '?'}")
     for kind, mine, theirs in (("code", new.code, cached.code),
                                ("quoted", new.quoted, cached.quoted),
+                               ("language", new.languages, cached.languages),
+                               ("audience", new.audience, cached.audience),
                                ("number", new.numbers, cached.numbers),
                                ("date", new.dates, cached.dates),
-                               ("unit", frozenset(new.units), frozenset(cached.units))):
+                               ("unit", new.units, cached.units)):
         if mine != theirs:
             return Veto(kind, _difference(mine, theirs))
-    if new.units != cached.units:  # the same units in another order: "X in Y" converts X to Y
-        return Veto("unit", f"{' -> '.join(new.units)} vs {' -> '.join(cached.units)}")
+    for first, second in new.conversions:  # "Celsius in Fahrenheit" vs "Fahrenheit in Celsius"
+        if (second, first) in cached.conversions and (first, second) not in cached.conversions:
+            return Veto("unit", f"{first} -> {second} vs {second} -> {first}")
     if new.negations != cached.negations:
         return Veto("negation", f"{new.negations} negations vs {cached.negations}")
     opposite = _antonyms(new.words - cached.words, cached.words - new.words)
@@ -151,17 +164,9 @@ def compare(new: Question, cached: Question) -> Veto | None:
     swapped = _swapped(new.pairs, cached.pairs) or _swapped(cached.pairs, new.pairs)
     if swapped:
         return Veto("direction", swapped)
-    if new.script != cached.script or (new.language and cached.language
-                                       and new.language != cached.language):
-        return Veto("language", f"{new.script}/{new.language or '?'} vs"
-                                f" {cached.script}/{cached.language or '?'}")
-    if new.languages != cached.languages:
-        return Veto("language", _difference(new.languages, cached.languages))
     missing = sorted((new.entities - cached.words) | (cached.entities - new.words))
     if missing:
         return Veto("entity", ", ".join(missing))
-    if new.audience != cached.audience:
-        return Veto("audience", _difference(new.audience, cached.audience))
     return None
 
 
@@ -196,7 +201,7 @@ def _is_identifier(raw: str) -> bool:
         return False
     if word.replace(".", "").replace(",", "").isdigit():
         return False  # a number: compared as one
-    if word.casefold() in words.UNITS:
+    if word.casefold() in words.UNITS or word.casefold() in _AUDIENCE_WORDS:
         return False
     has_digit = any(char.isdigit() for char in word)
     has_alpha = any(char.isalpha() for char in word)
@@ -256,8 +261,9 @@ def _dates(tokens: list[_Token]) -> frozenset[str]:
     return frozenset(found)
 
 
-def _units(tokens: list[_Token]) -> tuple[str, ...]:
-    found: dict[str, None] = {}
+def _units(tokens: list[_Token]) -> list[tuple[str, int]]:
+    """Each unit named, with the index of its token."""
+    found: list[tuple[str, int]] = []
     lows = [token.low for token in tokens]
     for index, low in enumerate(lows):
         unit = _unit(tokens[index].raw, low)
@@ -269,8 +275,17 @@ def _units(tokens: list[_Token]) -> tuple[str, ...]:
             if not (previous[:1].isdigit() or previous in words.NUMBER_WORDS
                     or previous in words.COUNT_WORDS):
                 continue
-        found.setdefault(name)
-    return tuple(found)
+        found.append((name, index))
+    return found
+
+
+def _conversions(units: list[tuple[str, int]], lows: list[str]) -> frozenset[tuple[str, str]]:
+    """Consecutive units with a linking word between them, a few words apart, in their order."""
+    found = set()
+    for (first, start), (second, end) in zip(units, units[1:], strict=False):
+        if first != second and end - start <= 6 and words.LINKS & set(lows[start + 1:end]):
+            found.add((first, second))
+    return frozenset(found)
 
 
 def _unit(raw: str, low: str) -> tuple[str, str] | None:
@@ -299,9 +314,23 @@ def _unit(raw: str, low: str) -> tuple[str, str] | None:
 def _antonyms(mine: frozenset[str], theirs: frozenset[str]) -> tuple[str, str] | None:
     for word in sorted(mine):
         for other in sorted(theirs):
-            if frozenset((word, other)) in words.ANTONYMS or _polar(word, other):
+            if frozenset((_stem(word), _stem(other))) in _ANTONYM_STEMS or _polar(word, other):
                 return word, other
     return None
+
+
+def _stem(word: str) -> str:
+    """A crude stem, enough to match inflections of one word ("declining", "declined",
+    "declines" and "decline"), never to merge two words."""
+    for suffix in ("ing", "ed", "es", "s", "e"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[:-len(suffix)]
+    return word
+
+
+_AUDIENCE_WORDS = words.NOVICE | words.EXPERT | words.BRIEF | words.DETAILED
+_AUDIENCE_STEMS = frozenset(_stem(word) for word in _AUDIENCE_WORDS)
+_ANTONYM_STEMS = frozenset(frozenset(_stem(word) for word in pair) for pair in words.ANTONYMS)
 
 
 def _polar(first: str, second: str) -> bool:
@@ -432,15 +461,20 @@ def _audience(lows: list[str]) -> frozenset[str]:
     for match in re.finditer(r"\b(?:like i(?: am)?|as an?|to an?|to my|for an?|for my)\s+"
                              r"((?:[\w-]+\s+){0,2}[\w-]+)", joined):
         if explaining or match.group().startswith("like"):
-            found.add("for " + _audience_noun(match.group(1)))
+            phrase = _audience_phrase(match.group(1))
+            if phrase:
+                found.add("for " + phrase)
     return frozenset(found)
 
 
-def _audience_noun(phrase: str) -> str:
-    """The head of an audience phrase: its last word before punctuation or a clause word."""
+def _audience_phrase(text: str) -> str:
+    """Who an audience phrase names ("a network engineer": "network engineer"); "" when the
+    word lists already classed it ("a complete beginner") or it names no one."""
     kept = []
-    for word in phrase.split():
-        if word in words.STOPWORDS or word in words.DIRECTIONAL:
+    for word in text.split():
+        if word in words.STOPWORDS or word in words.DIRECTIONAL or word in _SENTENCE_END:
             break
-        kept.append(word)
-    return " ".join(kept[-1:]) or phrase
+        if word in _AUDIENCE_WORDS or _stem(word) in _AUDIENCE_STEMS:
+            return ""
+        kept.append(_stem(word))
+    return " ".join(kept)
