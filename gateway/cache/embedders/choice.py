@@ -30,6 +30,10 @@ class Kind(StrEnum):
 
 
 SETTINGS = ("auto", *Kind)
+# The cosine at which each embedder's neighbours are taken for a hit (before the guard), from
+# the sweep of `kvgate cache eval`: the hashing embedder's vectors are near 1 only for surface
+# variants; the model's paraphrases spread lower. A remote model is taken to be like the local.
+THRESHOLDS: dict[Kind, float] = {Kind.HASHING: 0.9, Kind.LOCAL: 0.85, Kind.OPENAI: 0.85}
 
 
 class EmbedderUnavailable(ValueError):
