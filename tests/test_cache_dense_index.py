@@ -116,3 +116,33 @@ def test_a_vector_of_the_wrong_shape_is_refused() -> None:
         DenseIndex(3, max_members=10).add("a", unit(1, 0), 1.0)
     with pytest.raises(ValueError, match="positive"):
         DenseIndex(3, max_members=0)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_evicted_member_is_always_the_lowest_ranked(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    index = DenseIndex(3, max_members=20)
+    ranks: dict[str, float] = {}
+    for step in range(2000):
+        id = f"m{rng.integers(0, 60)}"
+        if rng.random() < 0.3:
+            index.discard(id)
+            ranks.pop(id, None)
+            continue
+        rank = float(rng.integers(0, 50))
+        ranks.pop(id, None)
+        expected = (min(ranks, key=lambda member: (ranks[member], member))
+                    if len(ranks) >= 20 else None)
+        assert index.add(id, A if step % 2 else ZERO, rank) == expected
+        if expected is not None:
+            del ranks[expected]
+        ranks[id] = rank
+        assert set(index) == set(ranks)
+
+
+def test_the_benchmark_runs() -> None:
+    from loadtest import bench_embed
+
+    assert bench_embed.main(["--runs", "1", "--sizes", "50", "--lookups", "4",
+                             "--sparse-members", "20", "--sparse-lookups", "2",
+                             "--no-record"]) == 0

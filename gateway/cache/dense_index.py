@@ -18,6 +18,7 @@ Pure and synchronous: no clock, no I/O. BLAS is pinned to one thread
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterator
 
 from gateway.cache.embedders.threads import pin_blas_to_one_thread
@@ -31,7 +32,8 @@ INITIAL_ROWS = 64
 
 
 class DenseIndex:
-    __slots__ = ("_dimensions", "_max_members", "_matrix", "_ids", "_rows", "_ranks", "_empty")
+    __slots__ = ("_dimensions", "_max_members", "_matrix", "_ids", "_rows", "_ranks", "_empty",
+                 "_by_rank")
 
     def __init__(self, dimensions: int, *, max_members: int) -> None:
         if dimensions < 1 or max_members < 1:
@@ -45,6 +47,7 @@ class DenseIndex:
         self._rows: dict[str, int] = {}  # id -> row
         self._ranks: dict[str, float] = {}  # every member's, the empty ones' too
         self._empty: set[str] = set()  # members with a zero vector: never matched
+        self._by_rank: list[tuple[float, str]] = []  # a heap, with stale entries: see _lowest
 
     @property
     def dimensions(self) -> int:
@@ -75,9 +78,13 @@ class DenseIndex:
         self.discard(id)
         evicted = None
         if len(self._ranks) >= self._max_members:
-            evicted = min(self._ranks, key=lambda member: (self._ranks[member], member))
+            evicted = self._lowest()
             self.discard(evicted)
         self._ranks[id] = rank
+        heapq.heappush(self._by_rank, (rank, id))
+        if len(self._by_rank) > 2 * len(self._ranks) + 64:  # drop the discarded members' entries
+            self._by_rank = [(rank, id) for id, rank in self._ranks.items()]
+            heapq.heapify(self._by_rank)
         if not vector.any():
             self._empty.add(id)
             return evicted
@@ -122,6 +129,15 @@ class DenseIndex:
             if skip is None or not skip(id):
                 return id, score
         return None
+
+    def _lowest(self) -> str:
+        """The member of lowest rank (the smaller id on a tie), from the heap: an entry whose
+        member is gone or has another rank now is stale, and dropped."""
+        while True:
+            rank, id = self._by_rank[0]
+            if self._ranks.get(id) == rank:
+                return id
+            heapq.heappop(self._by_rank)
 
     def _grow(self) -> None:
         rows = min(self._matrix.shape[0] * 2, self._max_members)
