@@ -34,6 +34,7 @@ import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gateway.cache import guard_words as words
 
@@ -120,8 +121,7 @@ def features(text: str) -> Question:
     text = _QUOTED.sub(" , ", text)
     text = _DEGREES.sub(lambda match: " celsius" if match.group(1) == "C" else " fahrenheit",
                         text)
-    for phrase, replacement in words.PHRASES.items():
-        text = re.sub(rf"\b{phrase}\b", replacement, text, flags=re.I)
+    text = _PHRASES.sub(lambda match: words.PHRASES[match.group().casefold()], text)
     tokens = _tokens(text)
     lows = [token.low for token in tokens]
     code |= {token.low for token in tokens if _is_identifier(token.raw)}
@@ -312,11 +312,39 @@ def _unit(raw: str, low: str) -> tuple[str, str] | None:
 
 
 def _antonyms(mine: frozenset[str], theirs: frozenset[str]) -> tuple[str, str] | None:
-    for word in sorted(mine):
-        for other in sorted(theirs):
-            if frozenset((_stem(word), _stem(other))) in _ANTONYM_STEMS or _polar(word, other):
-                return word, other
+    """A word of `mine` and its opposite in `theirs`, by the list of opposites or by one stem
+    under two polar prefixes; linear in the words (each word's forms are looked up)."""
+    opposites: dict[str, str] = {}  # a stem that would oppose a word of mine -> that word
+    forms: dict[str, list[tuple[str, str]]] = {}  # stem -> (prefix, word of mine)
+    for word in sorted(mine, reverse=True):
+        for partner in _OPPOSITE_STEMS.get(_stem(word), ()):
+            opposites[partner] = word
+        for prefix, stem in _polar_forms(word):
+            forms.setdefault(stem, []).append((prefix, word))
+    for other in sorted(theirs):
+        opposed = opposites.get(_stem(other))
+        if opposed is not None:
+            return opposed, other
+        for prefix, stem in _polar_forms(other):
+            for own_prefix, own in forms.get(stem, ()):
+                if own_prefix != prefix:
+                    return own, other
     return None
+
+
+def _polar_forms(word: str) -> list[tuple[str, str]]:
+    """The (prefix, stem) readings of `word`: itself unprefixed, and each polar prefix it
+    starts with, before a stem of at least four letters ("illegal": ("il", "legal"))."""
+    forms = [("", word)]
+    for prefix in words.POLAR_PREFIXES:
+        stem = word[len(prefix):].lstrip("-")
+        if word.startswith(prefix) and len(stem) >= 4:
+            forms.append((prefix, stem))
+    for suffix, opposite in words.SUFFIX_OPPOSITES:  # "careful"/"careless": one stem, two ends
+        for end in (suffix, opposite):
+            if word.endswith(end) and len(word) > len(end) + 2:
+                forms.append(("-" + end, word[:-len(end)] + "-"))  # meets only suffix forms
+    return forms
 
 
 def _stem(word: str) -> str:
@@ -330,22 +358,12 @@ def _stem(word: str) -> str:
 
 _AUDIENCE_WORDS = words.NOVICE | words.EXPERT | words.BRIEF | words.DETAILED
 _AUDIENCE_STEMS = frozenset(_stem(word) for word in _AUDIENCE_WORDS)
-_ANTONYM_STEMS = frozenset(frozenset(_stem(word) for word in pair) for pair in words.ANTONYMS)
-
-
-def _polar(first: str, second: str) -> bool:
-    """Whether the two words are one stem with opposite prefixes or suffixes."""
-    for a, b in ((first, second), (second, first)):
-        for prefix in words.POLAR_PREFIXES:
-            stem = a[len(prefix):].lstrip("-")
-            if a.startswith(prefix) and len(stem) >= 4 and (
-                    b == stem or any(b == other + stem or b == f"{other}-{stem}"
-                                     for other in words.POLAR_PREFIXES if other != prefix)):
-                return True
-        for suffix, opposite in words.SUFFIX_OPPOSITES:
-            if a.endswith(suffix) and len(a) > len(suffix) + 2 and b == a[:-len(suffix)] + opposite:
-                return True
-    return False
+_OPPOSITE_STEMS: dict[str, set[str]] = {}
+for _pair in words.ANTONYMS:
+    _first, _second = sorted(_stem(word) for word in _pair)
+    _OPPOSITE_STEMS.setdefault(_first, set()).add(_second)
+    _OPPOSITE_STEMS.setdefault(_second, set()).add(_first)
+_PHRASES = re.compile(r"\b(?:" + "|".join(map(re.escape, words.PHRASES)) + r")\b", re.I)
 
 
 def _pairs(lows: list[str]) -> tuple[tuple[frozenset[str], frozenset[str]], ...]:
@@ -421,18 +439,28 @@ def _entities(tokens: list[_Token]) -> frozenset[str]:
 
 
 def _script(text: str) -> str:
+    """The writing system most of the letters of `text` are in ("" when it has none)."""
+    if text.isascii():
+        return "latin" if any(char.isalpha() for char in text) else ""
     counts: dict[str, int] = {}
     for char in text:
-        if not char.isalpha():
-            continue
-        name = unicodedata.name(char, "")
-        for prefix, script in _SCRIPTS:
-            if name.startswith(prefix):
-                counts[script] = counts.get(script, 0) + 1
-                break
+        if char.isalpha():
+            script = _char_script(char)
+            counts[script] = counts.get(script, 0) + 1
     if "japanese" in counts:  # kana: Japanese, whatever share its kanji have
         return "japanese"
     return max(counts, key=lambda script: counts[script]) if counts else ""
+
+
+@lru_cache(maxsize=4096)
+def _char_script(char: str) -> str:
+    if ord(char) < 0x250:
+        return "latin"
+    name = unicodedata.name(char, "")
+    for prefix, script in _SCRIPTS:
+        if name.startswith(prefix):
+            return script
+    return "other"
 
 
 def _language(lows: list[str]) -> str:
