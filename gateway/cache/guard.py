@@ -22,7 +22,8 @@ What is compared, in order (each a `Veto.kind`):
   ("legal"/"illegal", "encrypt"/"decrypt") or a list of opposites ("best"/"worst");
 - direction: the named things on either side of a directional word (to, into, from, vs, than,
   over, arrows) swapped between the two;
-- entity: a capitalised or upper-case name in one that the other does not contain;
+- entity: a capitalised or upper-case name in one that the other does not contain, or one
+  content word put in another's place with everything else the same ("vegan"/"vegetarian");
 - language: the script and the function words of the question, and the languages it names;
 - audience: who the answer is for ("like I'm five", "for an expert", "in simple terms") and how
   long it is asked to be ("briefly", "in detail").
@@ -66,6 +67,7 @@ class Question:
     language: str  # "" when the function words do not tell
     languages: frozenset[str]  # the languages it names
     audience: frozenset[str]
+    content: tuple[str, ...]  # the content words in order, stemmed
 
 
 def veto(new: str, cached: str) -> Veto | None:
@@ -135,7 +137,9 @@ def features(text: str) -> Question:
         pairs=_pairs(lows), entities=_entities(tokens), script=_script(text),
         language=_language(lows), languages=frozenset(
             words.LANGUAGE_NAMES[low] for low in lows if low in words.LANGUAGE_NAMES),
-        audience=_audience(lows))
+        audience=_audience(lows), content=tuple(
+            _content_word(token.low) for token in tokens
+            if token.kind in ("word", "sym") and token.low not in words.STOPWORDS))
 
 
 def compare(new: Question, cached: Question) -> Veto | None:
@@ -167,7 +171,47 @@ def compare(new: Question, cached: Question) -> Veto | None:
     missing = sorted((new.entities - cached.words) | (cached.entities - new.words))
     if missing:
         return Veto("entity", ", ".join(missing))
+    replaced = _replaced(new.content, cached.content)
+    if replaced:
+        return Veto("entity", f"{replaced[0]} in place of {replaced[1]}")
     return None
+
+
+def _replaced(mine: tuple[str, ...], theirs: tuple[str, ...]) -> tuple[str, str] | None:
+    """The one content word put in the place of another, all else the same ("a vegan recipe"
+    vs "a vegetarian recipe"): a question reworded keeps its thing and changes its phrasing;
+    one that swaps the thing it asks about alone is another question. Inflections and
+    one-letter spelling variants ("tyre", "tire") are the same word."""
+    if len(mine) != len(theirs) or len(mine) < 2:
+        return None
+    differing = [(own, other) for own, other in zip(mine, theirs, strict=True) if own != other]
+    if len(differing) != 1 or _spelling_variants(*differing[0]):
+        return None
+    return differing[0]
+
+
+def _content_word(low: str) -> str:
+    """A word as the other checks read it: a number its value, a unit its name, a negation
+    "not", else its stem; so "tenth" is "10th" and "km" is "kilometres" here too."""
+    if low in words.NUMBER_WORDS:
+        return str(words.NUMBER_WORDS[low])
+    number = re.fullmatch(r"(\d+(?:[.,]\d+)*)(?:st|nd|rd|th|s)?", low)
+    if number:
+        return _canonical_number(number.group(1))
+    if low in words.NEGATIONS:
+        return "not"
+    unit = _unit(low, low)
+    return unit[1] if unit is not None else _stem(low)
+
+
+def _spelling_variants(first: str, second: str) -> bool:
+    """At most one letter apart (one changed, added or dropped)."""
+    if len(first) == len(second):
+        return sum(a != b for a, b in zip(first, second, strict=True)) <= 1
+    if len(first) > len(second):
+        first, second = second, first
+    return len(second) == len(first) + 1 and any(
+        second[:index] + second[index + 1:] == first for index in range(len(second)))
 
 
 def _difference(mine: Iterable[str], theirs: Iterable[str]) -> str:
