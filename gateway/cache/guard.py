@@ -240,7 +240,7 @@ def _tokens(text: str) -> list[_Token]:
 
 
 def _is_identifier(raw: str) -> bool:
-    word = raw.rstrip(".:")
+    word = re.sub(r"['’]s$", "", raw.rstrip(".:"))
     if not word or _HYPHENATED.match(word) or _ABBREVIATION.match(word) or _ORDINAL.match(word):
         return False
     if word.replace(".", "").replace(",", "").isdigit():
@@ -400,6 +400,9 @@ def _stem(word: str) -> str:
     return word
 
 
+_AUDIENCES = tuple((name, frozenset(_stem(word) for word in members)) for name, members in (
+    ("novice", words.NOVICE), ("expert", words.EXPERT), ("brief", words.BRIEF),
+    ("detailed", words.DETAILED)))
 _AUDIENCE_WORDS = words.NOVICE | words.EXPERT | words.BRIEF | words.DETAILED
 _AUDIENCE_STEMS = frozenset(_stem(word) for word in _AUDIENCE_WORDS)
 _OPPOSITE_STEMS: dict[str, set[str]] = {}
@@ -518,14 +521,11 @@ def _language(lows: list[str]) -> str:
 def _audience(lows: list[str]) -> frozenset[str]:
     found: set[str] = set()
     for low in lows:
-        if low in words.NOVICE:
-            found.add("novice")
-        elif low in words.EXPERT:
-            found.add("expert")
-        elif low in words.BRIEF:
-            found.add("brief")
-        elif low in words.DETAILED:
-            found.add("detailed")
+        stem = _stem(low)
+        for name, members in _AUDIENCES:
+            if stem in members:
+                found.add(name)
+                break
     joined = " ".join(lows)
     if re.search(r"\blike i (?:am|m)?\s*(?:a |an )?(?:\d+|five|young|child|kid)\b", joined):
         found.add("novice")

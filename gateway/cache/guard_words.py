@@ -215,5 +215,5 @@ STOPWORDS = frozenset("""
 a an the this that these those my your our their his her its some any of in on at for with by
 and or but is are was were be been being do does did how what why when where who whom which
 whose i me you we it he she they them us can could should would will shall may might must
-please just also very so if then there here as about it's i'm let many much
+please just also very so if then there here as about it's i'm let many much have has had ok
 """.split())
