@@ -108,6 +108,31 @@ def test_an_identical_copy_elsewhere_is_accepted(tmp_path: Path) -> None:
     assert local.MiniLM(tokenizer_path=copy).encode(["hi"]).shape == (1, local.DIMENSIONS)
 
 
+@pytest.mark.parametrize(("given", "expected"), [
+    pytest.param(None, (None, None), id="nothing given: the installed copies"),
+    pytest.param("model.onnx", ("model.onnx", None), id="a file: the model"),
+    pytest.param(".", ("model.onnx", "tokenizer.json"), id="a directory: both files in it"),
+    pytest.param("empty", (None, None), id="a directory without them: the installed copies"),
+])
+def test_embedder_path_locates_the_files(given: str | None, expected: tuple[str | None, ...],
+                                         tmp_path: Path) -> None:
+    (tmp_path / "model.onnx").write_bytes(b"")
+    (tmp_path / "tokenizer.json").write_bytes(b"")
+    (tmp_path / "empty").mkdir()
+    found = local.located(None if given is None else tmp_path / given)
+    assert found == tuple(None if name is None else tmp_path / name for name in expected)
+
+
+def test_build_makes_each_kind() -> None:
+    settings = choice.EmbedderSettings
+    assert isinstance(choice.build(settings(choice.Kind.HASHING)), HashingEmbedder)
+    assert isinstance(choice.build(settings(choice.Kind.LOCAL)), local.LocalEmbedder)
+    built = choice.build(settings(choice.Kind.OPENAI, url="http://127.0.0.1:1", model="m"))
+    assert isinstance(built, remote.RemoteEmbedder)
+    with pytest.raises(choice.EmbedderUnavailable, match="embedder_url"):
+        choice.build(settings(choice.Kind.OPENAI, model="m"))
+
+
 # -- local: vectors ---------------------------------------------------------------------------
 
 def test_vectors_are_384_float32_of_unit_length(model: local.MiniLM) -> None:

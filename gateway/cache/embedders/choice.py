@@ -66,8 +66,7 @@ class EmbedderSettings:
     """What building an embedder needs, taken from the cache's configuration."""
 
     kind: Kind
-    model_path: Path | None = None  # local: another copy of the ONNX file (same sha256)
-    tokenizer_path: Path | None = None  # local: another copy of tokenizer.json (same sha256)
+    path: Path | None = None  # local (`cache.embedder_path`): see `local.located`
     url: str = ""  # openai: the endpoint (or its base URL)
     model: str = ""  # openai: the embedding model's name
     api_key: str | None = None  # openai
@@ -80,9 +79,9 @@ def build(settings: EmbedderSettings) -> HashingEmbedder | LocalEmbedder | Remot
 
         return HashingEmbedder()
     if settings.kind is Kind.LOCAL:
-        from gateway.cache.embedders.local import LocalEmbedder, MiniLM
+        from gateway.cache.embedders.local import LocalEmbedder, MiniLM, located
 
-        return LocalEmbedder(MiniLM(settings.model_path, settings.tokenizer_path))
+        return LocalEmbedder(MiniLM(*located(settings.path)))
     from gateway.cache.embedders.remote import RemoteEmbedder
 
     if not settings.url:

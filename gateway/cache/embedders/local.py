@@ -6,8 +6,9 @@ fetched from a model hub:
   no PyTorch), found through its installed package, or at `model_path`;
 - its WordPiece `tokenizer.json`, shipped with kvgate as package data (`data/`, with its sha256
   and licence notice), or at `tokenizer_path`.
-A copy elsewhere (`cache.embedder_path`) must be the same bytes: the checksum is the contract,
-the location is not.
+A copy elsewhere (`cache.embedder_path`: a directory with `model.onnx` and `tokenizer.json`, or
+the ONNX file; see `located`) must be the same bytes: the checksum is the contract, the
+location is not.
 
 As sentence-transformers computes it: tokenized without padding and truncated at the model's
 256 tokens (the file's saved settings pad and truncate to 128), run with `input_ids`,
@@ -64,6 +65,18 @@ def shipped_tokenizer() -> Path:
     """kvgate's own copy of the model's tokenizer.json."""
     return Path(str(importlib.resources.files("gateway.cache.embedders") / "data"
                     / TOKENIZER_FILE))
+
+
+def located(path: Path | None) -> tuple[Path | None, Path | None]:
+    """The model and tokenizer files `cache.embedder_path` names: a directory holding
+    `model.onnx` and `tokenizer.json` (either may be missing: the installed one is used), or
+    the ONNX file itself; None for both means the installed copies."""
+    if path is None:
+        return None, None
+    if not path.is_dir():
+        return path, None
+    model, tokenizer = path / "model.onnx", path / "tokenizer.json"
+    return (model if model.exists() else None), (tokenizer if tokenizer.exists() else None)
 
 
 def verified(path: Path, sha256: str) -> bytes:
