@@ -157,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cpu >= 0 and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {args.cpu})
     rng = random.Random(args.seed)
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     embedding = embedding_rows(args.runs, rng)
     search = search_rows(sizes, args.lookups, rng)
     compared = side_by_side(args.sparse_members, args.sparse_lookups, rng)
@@ -183,8 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
     if not args.no_record:
         command = "python -m loadtest.bench_embed " + " ".join(argv or sys.argv[1:])
+        load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         path = record("bench_embed", title="Semantic cache: embedding and dense search cost",
-                      command=command.strip(), tables=tables)
+                      command=command.strip(), tables=tables,
+                      notes=f"One-minute load average {load_before:.1f} at the start and"
+                            f" {load_after:.1f} at the end, on {os.cpu_count()} CPUs: other"
+                            " work on the machine shows in the p99s.")
         print(f"recorded {path}")
     return 0
 
