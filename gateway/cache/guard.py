@@ -87,11 +87,10 @@ def features(text: str) -> Question:
     tokens = read.tokenize(text)
     lows = [token.low for token in tokens]
     code |= {token.low for token in tokens if read.is_identifier(token.raw)}
-    units = read.units_of(tokens)
+    units, conversions = read.units_of(tokens)
     return Question(
         code=frozenset(code), quoted=frozenset(quoted), numbers=read.numbers_of(text, lows),
-        dates=read.dates_of(tokens), units=frozenset(name for name, _ in units),
-        conversions=read.conversions_of(units, lows), negations=sum(
+        dates=read.dates_of(tokens), units=units, conversions=conversions, negations=sum(
             low in words.NEGATIONS for low in lows),
         words=frozenset(part for low in lows for part in re.findall(r"\w+", low)) | set(lows),
         pairs=read.directional_pairs(lows), entities=read.entities_of(tokens),
@@ -188,11 +187,11 @@ def _antonyms(mine: frozenset[str], theirs: frozenset[str]) -> tuple[str, str] |
 
 def _polar_forms(word: str) -> list[tuple[str, str]]:
     """The (prefix, stem) readings of `word`: itself unprefixed, and each polar prefix it
-    starts with, before a stem of at least four letters ("illegal": ("il", "legal"))."""
+    starts with, before a stem long enough for that prefix ("illegal": ("il", "legal"))."""
     forms = [("", word)]
-    for prefix in words.POLAR_PREFIXES:
+    for prefix, shortest in words.POLAR_PREFIXES.items():
         stem = word[len(prefix):].lstrip("-")
-        if word.startswith(prefix) and len(stem) >= 4:
+        if word.startswith(prefix) and len(stem) >= shortest:
             forms.append((prefix, stem))
     for suffix, opposite in words.SUFFIX_OPPOSITES:  # "careful"/"careless": one stem, two ends
         for end in (suffix, opposite):

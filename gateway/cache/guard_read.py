@@ -148,12 +148,17 @@ def dates_of(tokens: list[Token]) -> frozenset[str]:
     return frozenset(found)
 
 
-def units_of(tokens: list[Token]) -> list[tuple[str, int]]:
-    """Each unit named, with the index of its token."""
-    found: list[tuple[str, int]] = []
-    lows = [token.low for token in tokens]
+def units_of(tokens: list[Token]) -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
+    """The units named, and the conversions among them: two units a few words apart with a
+    linking word between ("ounces in a pound"), in their order. A hyphenated word is read
+    part by part ("6-month-old" as "6 month old")."""
+    named: list[tuple[str, int]] = []
+    parts = [part for token in tokens for part in (
+        [(piece, piece) for piece in token.low.split("-")] if _HYPHENATED.match(token.low)
+        else [(token.raw, token.low)])]  # (as written, casefolded): "MB" is not "Mb"
+    lows = [low for _, low in parts]
     for index, low in enumerate(lows):
-        unit = unit_of(tokens[index].raw, low)
+        unit = unit_of(parts[index][0], low)
         if unit is None:
             continue
         form, name = unit
@@ -162,17 +167,12 @@ def units_of(tokens: list[Token]) -> list[tuple[str, int]]:
             if not (previous[:1].isdigit() or previous in words.NUMBER_WORDS
                     or previous in words.COUNT_WORDS):
                 continue
-        found.append((name, index))
-    return found
-
-
-def conversions_of(units: list[tuple[str, int]], lows: list[str]) -> frozenset[tuple[str, str]]:
-    """Consecutive units with a linking word between them, a few words apart, in their order."""
-    found = set()
-    for (first, start), (second, end) in zip(units, units[1:], strict=False):
+        named.append((name, index))
+    conversions = set()
+    for (first, start), (second, end) in zip(named, named[1:], strict=False):
         if first != second and end - start <= 6 and words.LINKS & set(lows[start + 1:end]):
-            found.add((first, second))
-    return frozenset(found)
+            conversions.add((first, second))
+    return frozenset(name for name, _ in named), frozenset(conversions)
 
 
 def unit_of(raw: str, low: str) -> tuple[str, str] | None:
@@ -210,7 +210,7 @@ def word_stem(word: str) -> str:
 _AUDIENCES = tuple((name, frozenset(word_stem(word) for word in members)) for name, members in (
     ("novice", words.NOVICE), ("expert", words.EXPERT), ("brief", words.BRIEF),
     ("detailed", words.DETAILED)))
-AUDIENCE_WORDS = words.NOVICE | words.EXPERT | words.BRIEF | words.DETAILED
+AUDIENCE_WORDS = words.NOVICE | words.EXPERT | words.BRIEF | words.DETAILED | words.PLAIN
 _AUDIENCE_STEMS = frozenset(word_stem(word) for word in AUDIENCE_WORDS)
 _PHRASES = re.compile(r"\b(?:" + "|".join(map(re.escape, words.PHRASES)) + r")\b", re.I)
 
@@ -313,6 +313,8 @@ def audience_of(lows: list[str]) -> frozenset[str]:
     if re.search(r"\blike i (?:am|m)?\s*(?:a |an )?(?:\d+|five|young|child|kid)\b", joined):
         found.add("novice")
     explaining = any(low in words.AUDIENCE_VERBS for low in lows)
+    if explaining and any(low in words.PLAIN for low in lows):
+        found.add("novice")
     for match in re.finditer(r"\b(?:like i(?: am)?|as an?|to an?|to my|for an?|for my)\s+"
                              r"((?:[\w-]+\s+){0,2}[\w-]+)", joined):
         if explaining or match.group().startswith("like"):

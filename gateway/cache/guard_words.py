@@ -97,9 +97,14 @@ CONTRACTIONS: dict[str, tuple[str, ...]] = {
     "havent": ("have", "not"), "hasnt": ("has", "not"), "hadnt": ("had", "not"),
     "whats": ("what", "is"), "thats": ("that", "is"),
 }
-# Prefixes that turn a stem into its opposite, grouped by the prefix they oppose.
-POLAR_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non", "de", "en", "a", "anti", "mis",
-                  "ex", "up", "down", "over", "under", "out", "pre", "post", "counter")
+# Prefixes that turn a stem into its opposite, each with the shortest stem it is read before:
+# the shorter the prefix, the longer the stem, so "asleep" is not "a-" + "sleep", nor "income"
+# "in-" + "come", while "atypical", "illegal" and "unsafe" are read as opposites.
+POLAR_PREFIXES: dict[str, int] = {
+    "un": 4, "dis": 4, "non": 4, "anti": 4, "mis": 4, "ex": 4, "up": 4, "down": 4, "over": 4,
+    "under": 4, "out": 4, "pre": 4, "post": 4, "counter": 4,
+    "in": 5, "im": 5, "il": 5, "ir": 5, "de": 5, "en": 5, "a": 6,
+}
 SUFFIX_OPPOSITES = (("ful", "less"),)
 ANTONYMS: frozenset[frozenset[str]] = frozenset(frozenset(pair) for pair in (
     ("good", "bad"), ("better", "worse"), ("best", "worst"), ("safe", "dangerous"),
@@ -148,6 +153,7 @@ ANTONYMS: frozenset[frozenset[str]] = frozenset(frozenset(pair) for pair in (
 LINKS = frozenset({"in", "to", "into", "as", "per", "from"})  # "ounces in a pound", "m to ft"
 PHRASES: dict[str, str] = {  # rewritten before the words are read
     "leave out": "omit", "left out": "omit", "rather than": "instead", "instead of": "instead",
+    "side effects": "risks", "side effect": "risks", "downsides": "drawbacks",
     "as opposed to": "vs", "compared to": "vs", "compared with": "vs",
 }
 
@@ -191,8 +197,8 @@ NOVICE = frozenset({
     "eli5", "child", "children", "kid", "kids", "toddler", "toddlers", "grandmother",
     "grandma", "grandfather", "grandpa", "beginner", "beginners", "novice", "novices",
     "layman", "laymen", "layperson", "laypeople", "dummies", "dummy", "newbie", "newbies",
-    "simple", "simply", "simplest", "plain", "nontechnical", "non-technical", "elementary",
-    "basic", "basics", "introductory", "intro", "five-year-old", "child-friendly",
+    "nontechnical", "non-technical", "elementary", "introductory", "intro", "five-year-old",
+    "child-friendly",
     "beginner-friendly", "kindergarten", "teenager", "teen", "teens", "lay",
 })
 EXPERT = frozenset({
@@ -207,6 +213,10 @@ BRIEF = frozenset({"short", "brief", "briefly", "concise", "concisely", "tl;dr",
 DETAILED = frozenset({"detailed", "detail", "details", "thorough", "thoroughly",
                       "comprehensive", "lengthy", "elaborate", "exhaustive", "long-form",
                       "step-by-step", "extensive", "extensively"})
+# Novice words only where something is being explained: "explain it simply", not "the
+# simplest way to ..." or "basic authentication".
+PLAIN = frozenset({"simple", "simply", "simplest", "simpler", "plain", "basic", "basics",
+                   "plainly"})
 # Words after which an audience is named: "explain it to a ...", "as a ...", "like I'm ...".
 AUDIENCE_VERBS = frozenset({"explain", "describe", "teach", "walk", "tell", "introduce",
                             "present", "summarize", "summarise", "overview", "explanation",
