@@ -1,6 +1,7 @@
 """The semantic tier's two costs on one core: embedding a prompt, and searching a namespace.
 
-    python -m loadtest.bench_embed [--runs 50] [--sizes 10000,50000] [--lookups 400]
+    python -m loadtest.bench_embed [--runs 50] [--lengths 8,32,64,128,200]
+                                   [--sizes 10000,50000] [--lookups 400]
                                    [--sparse-members 2000] [--cpu N] [--no-record]
 
 Embedding: the local model (all-MiniLM-L6-v2, int8, one onnxruntime thread) and the hashing
@@ -59,12 +60,12 @@ def timings(function: Callable[[], object], runs: int) -> list[float]:
     return found
 
 
-def embedding_rows(runs: int, rng: random.Random) -> list[list[object]]:
+def embedding_rows(lengths: Sequence[int], runs: int, rng: random.Random) -> list[list[object]]:
     from gateway.cache.embedders.local import MiniLM
 
     model = MiniLM()
     rows: list[list[object]] = []
-    for length in LENGTHS:
+    for length in lengths:
         texts = [prompt(length, rng) for _ in range(BATCH)]
         tokens = model.token_counts(texts[:1])[0]
         one = timings(partial(model.encode, texts[:1]), runs)
@@ -137,6 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=50, help="embeddings timed per length")
     parser.add_argument("--sizes", default="10000,50000", help="namespace sizes searched")
+    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
+                        help="prompt lengths embedded, in words")
     parser.add_argument("--lookups", type=int, default=400, help="searches per size")
     parser.add_argument("--sparse-members", type=int, default=2000,
                         help="members of the side-by-side run with the sparse index")
@@ -149,16 +152,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         sizes = [int(size) for size in args.sizes.split(",")]
+        lengths = [int(length) for length in args.lengths.split(",")]
     except ValueError:
-        sizes = []
-    if args.runs < 1 or args.lookups < 2 or not sizes or min(sizes) < 1:
-        print("--runs >= 1, --lookups >= 2 and --sizes positive integers", file=sys.stderr)
+        sizes = lengths = []
+    if args.runs < 1 or args.lookups < 2 or not sizes or min(sizes) < 1 or not lengths \
+            or min(lengths) < 1:
+        print("--runs >= 1, --lookups >= 2, --sizes and --lengths positive integers",
+              file=sys.stderr)
         return 2
     if args.cpu >= 0 and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {args.cpu})
     rng = random.Random(args.seed)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    embedding = embedding_rows(args.runs, rng)
+    embedding = embedding_rows(lengths, args.runs, rng)
     search = search_rows(sizes, args.lookups, rng)
     compared = side_by_side(args.sparse_members, args.sparse_lookups, rng)
     tables = [

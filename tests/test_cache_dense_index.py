@@ -143,6 +143,6 @@ def test_the_evicted_member_is_always_the_lowest_ranked(seed: int) -> None:
 def test_the_benchmark_runs() -> None:
     from loadtest import bench_embed
 
-    assert bench_embed.main(["--runs", "1", "--sizes", "50", "--lookups", "4",
+    assert bench_embed.main(["--runs", "1", "--lengths", "8", "--sizes", "50", "--lookups", "4",
                              "--sparse-members", "20", "--sparse-lookups", "2",
                              "--no-record"]) == 0
