@@ -42,6 +42,13 @@ from gateway.cache import guard_words as words
 KINDS = ("code", "quoted", "number", "date", "unit", "negation", "direction", "entity",
          "language", "audience")
 
+# Each word stem of the list of opposites, to the stems of its opposites.
+_OPPOSITE_STEMS: dict[str, set[str]] = {}
+for _pair in words.ANTONYMS:
+    _first, _second = sorted(read.word_stem(word) for word in _pair)
+    _OPPOSITE_STEMS.setdefault(_first, set()).add(_second)
+    _OPPOSITE_STEMS.setdefault(_second, set()).add(_first)
+
 
 @dataclass(frozen=True, slots=True)
 class Veto:
@@ -200,11 +207,6 @@ def _polar_forms(word: str) -> list[tuple[str, str]]:
     return forms
 
 
-_OPPOSITE_STEMS: dict[str, set[str]] = {}
-for _pair in words.ANTONYMS:
-    _first, _second = sorted(read.word_stem(word) for word in _pair)
-    _OPPOSITE_STEMS.setdefault(_first, set()).add(_second)
-    _OPPOSITE_STEMS.setdefault(_second, set()).add(_first)
 def _swapped(mine: tuple[tuple[frozenset[str], frozenset[str]], ...],
              theirs: tuple[tuple[frozenset[str], frozenset[str]], ...]) -> str | None:
     for source, target in _distinct(mine):
