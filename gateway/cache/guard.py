@@ -25,8 +25,8 @@ What is compared, in order (each a `Veto.kind`):
   ("legal"/"illegal", "encrypt"/"decrypt") or a list of opposites ("best"/"worst");
 - direction: the named things on either side of a directional word (to, into, from, vs, than,
   over, arrows) swapped between the two;
-- entity: a capitalised or upper-case name in one that the other does not contain, or one
-  content word put in another's place with everything else the same ("vegan"/"vegetarian").
+- entity: a capitalised or upper-case name in one that the other does not contain, or one or
+  two content words put in others' place with everything else the same ("vegan"/"vegetarian").
 The readers of each are in gateway/cache/guard_read.py, their word lists in guard_words.py.
 """
 
@@ -41,6 +41,10 @@ from gateway.cache import guard_words as words
 
 KINDS = ("code", "quoted", "number", "date", "unit", "negation", "direction", "entity",
          "language", "audience")
+
+REPLACED_WORDS = 2  # the longest run of content words read as a replacement, and the
+# fewest words around it (the same in both) for two
+ROOT = 5  # letters two words share at the start when they are of one root
 
 # Each word stem of the list of opposites, to the stems of its opposites.
 _OPPOSITE_STEMS: dict[str, set[str]] = {}
@@ -145,16 +149,31 @@ def compare(new: Question, cached: Question) -> Veto | None:
 
 
 def _replaced(mine: tuple[str, ...], theirs: tuple[str, ...]) -> tuple[str, str] | None:
-    """The one content word put in the place of another, all else the same ("a vegan recipe"
-    vs "a vegetarian recipe"): a question reworded keeps its thing and changes its phrasing;
-    one that swaps the thing it asks about alone is another question. Inflections and
-    one-letter spelling variants ("tyre", "tire") are the same word."""
-    if len(mine) != len(theirs) or len(mine) < 2:
+    """The one or two content words put in the place of others, all else the same and in the
+    same order ("a vegan recipe" vs "a vegetarian recipe", "an alligator and a crocodile" vs
+    "a frog and a toad"): a question reworded keeps what it asks about and changes how it
+    asks; one that swaps only what it asks about is another question. Not a replacement: an
+    inflection or a one-letter spelling variant ("tyre", "tire"), words of one root
+    ("summarize", "summary"), words moved (the two spans sharing a word), or two words
+    opening the question (how it asks, not what)."""
+    start = 0
+    while start < min(len(mine), len(theirs)) and mine[start] == theirs[start]:
+        start += 1
+    end = 0
+    while end < min(len(mine), len(theirs)) - start and mine[-1 - end] == theirs[-1 - end]:
+        end += 1
+    own, other = mine[start:len(mine) - end], theirs[start:len(theirs) - end]
+    longest = max(len(own), len(other))
+    if not (own and other) or longest > REPLACED_WORDS or start + end < longest \
+            or set(own) & set(other):
         return None
-    differing = [(own, other) for own, other in zip(mine, theirs, strict=True) if own != other]
-    if len(differing) != 1 or _spelling_variants(*differing[0]):
+    if start == 0 and longest > 1:  # the opening reworded: how it asks ("Summarize the ...")
         return None
-    return differing[0]
+    if len(own) == len(other) == 1 and _spelling_variants(own[0], other[0]):
+        return None
+    if any(a[:ROOT] == b[:ROOT] for a in own for b in other if min(len(a), len(b)) >= ROOT):
+        return None
+    return " ".join(own), " ".join(other)
 
 
 def _spelling_variants(first: str, second: str) -> bool:
