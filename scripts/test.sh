@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs into .venv (system packages too, when run as root on
-# Debian/Ubuntu), then runs the linters, the type checker and the whole test suite.
+# Debian/Ubuntu), then runs the linters, the type checker and the test suite tier by tier (tiers:
+# tests/conftest.py): the fast ones (unit, loopback) in parallel, then realtime and bench one
+# test at a time, each with its wall time. Extra arguments go to every pytest run, e.g.
+# `./scripts/test.sh -x` or `./scripts/test.sh tests/test_gateway_api.py`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,4 +23,18 @@ PY=${PYTHON:-python3}
 
 .venv/bin/ruff check gateway routing loadtest tests
 .venv/bin/mypy
-.venv/bin/pytest -q "$@"
+
+# tier NAME PYTEST-OPTIONS...: runs the tests of tier NAME and prints its wall and CPU time. A
+# tier with no test among those selected (pytest's exit code 5) is not a failure.
+tier() {
+  local name=$1 status=0
+  shift
+  local TIMEFORMAT="tier $name: %0R s wall, %0U s user + %0S s system CPU"
+  time .venv/bin/pytest -q -m "$name" "$@" || status=$?
+  [ "$status" = 0 ] || [ "$status" = 5 ] || exit "$status"
+}
+
+tier unit -n 2 "$@"
+tier loopback -n 2 "$@"
+tier realtime "$@"
+tier bench "$@"
