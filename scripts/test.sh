@@ -2,8 +2,8 @@
 # Installs everything the test suite needs into .venv (system packages too, when run as root on
 # Debian/Ubuntu), then runs the linters, the type checker and the test suite tier by tier (tiers:
 # tests/conftest.py): the fast ones (unit, loopback) in parallel, then realtime and bench one
-# test at a time, each with its wall time. Extra arguments go to every pytest run, e.g.
-# `./scripts/test.sh -x` or `./scripts/test.sh tests/test_gateway_api.py`.
+# test at a time, printing each run's wall and CPU time. Extra arguments go to every pytest run,
+# e.g. `./scripts/test.sh -x` or `./scripts/test.sh tests/test_gateway_api.py`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,17 +24,19 @@ PY=${PYTHON:-python3}
 .venv/bin/ruff check gateway routing loadtest tests
 .venv/bin/mypy
 
-# tier NAME PYTEST-OPTIONS...: runs the tests of tier NAME and prints its wall and CPU time. A
-# tier with no test among those selected (pytest's exit code 5) is not a failure.
-tier() {
-  local name=$1 status=0
+# tiers "EXPRESSION" PYTEST-OPTIONS...: runs the tests of the tiers EXPRESSION selects (a pytest
+# -m expression) and prints the wall and CPU time they took. None selected (pytest's exit code
+# 5, e.g. a file of unit tests alone) is not a failure.
+tiers() {
+  local expression=$1 status=0
   shift
-  local TIMEFORMAT="tier $name: %0R s wall, %0U s user + %0S s system CPU"
-  time .venv/bin/pytest -q -m "$name" "$@" || status=$?
+  local TIMEFORMAT="tiers $expression: %0R s wall, %0U s user + %0S s system CPU"
+  time .venv/bin/pytest -q -m "$expression" "$@" || status=$?
   [ "$status" = 0 ] || [ "$status" = 5 ] || exit "$status"
 }
 
-tier unit -n 2 "$@"
-tier loopback -n 2 "$@"
-tier realtime "$@"
-tier bench "$@"
+# The fast tiers in one parallel run: the loopback tests' waits overlap the unit tests' work,
+# and the workers import and collect the suite once.
+tiers "unit or loopback" -n 2 "$@"
+tiers realtime "$@"
+tiers bench "$@"

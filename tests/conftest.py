@@ -195,7 +195,6 @@ DEFAULTS = (
     ("", "loopback"),
 )
 
-
 MEASURED_UNIT = pytest.StashKey[bool]()  # the tier is unit, and from a measured entry
 
 
@@ -220,7 +219,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier, measured = tier_of(module, item.name, original)
         item.add_marker(getattr(pytest.mark, tier))
         item.stash[MEASURED_UNIT] = tier == "unit" and measured
-
 
 
 @pytest.fixture(autouse=True)
