@@ -216,8 +216,8 @@ def long_prompt(tag: str) -> dict[str, Any]:
 
 async def test_past_the_tpot_slo_the_excess_is_refused_429_over_slo_and_never_sent_on(
 ) -> None:
-    # 20 distinct long prompts at once: the predicted TPOT passes the SLO after some (7 of 20
-    # when written); the rest are refused at once.
+    # 20 distinct long prompts at once: the predicted TPOT passes the SLO after some; the rest
+    # are refused at once.
     async with slo_rig() as (gateway, sim, http):
         answers = await asyncio.gather(*(post(http, gateway, long_prompt(str(i)))
                                          for i in range(20)))
