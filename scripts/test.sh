@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs into .venv (system packages too, when run as root on
-# Debian/Ubuntu), then runs the linters, the type checker and the whole test suite.
+# Debian/Ubuntu), then runs the linters, the type checker and the test suite tier by tier (tiers:
+# tests/conftest.py): the fast ones (unit, loopback) in parallel, then realtime and bench one
+# test at a time, printing each run's wall and CPU time. Extra arguments go to every pytest run,
+# e.g. `./scripts/test.sh -x` or `./scripts/test.sh tests/test_gateway_api.py`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,4 +23,20 @@ PY=${PYTHON:-python3}
 
 .venv/bin/ruff check gateway routing loadtest tests
 .venv/bin/mypy
-.venv/bin/pytest -q "$@"
+
+# tiers "EXPRESSION" PYTEST-OPTIONS...: runs the tests of the tiers EXPRESSION selects (a pytest
+# -m expression) and prints the wall and CPU time they took. None selected (pytest's exit code
+# 5, e.g. a file of unit tests alone) is not a failure.
+tiers() {
+  local expression=$1 status=0
+  shift
+  local TIMEFORMAT="tiers $expression: %0R s wall, %0U s user + %0S s system CPU"
+  time .venv/bin/pytest -q -m "$expression" "$@" || status=$?
+  [ "$status" = 0 ] || [ "$status" = 5 ] || exit "$status"
+}
+
+# The fast tiers in one parallel run: the loopback tests' waits overlap the unit tests' work,
+# and the workers import and collect the suite once.
+tiers "unit or loopback" -n 2 "$@"
+tiers realtime "$@"
+tiers bench "$@"

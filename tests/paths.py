@@ -1,10 +1,10 @@
 """Small helpers shared by the tests."""
 
-import asyncio
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
+
+from tests.waiting import until
 
 # Real-format payloads of vLLM, SGLang, TGI and llama.cpp (see fixtures/README.md); a copy of the
 # project's shared fixtures, kept in the repository so the suite needs nothing beside the clone.
@@ -20,9 +20,5 @@ def free_port() -> int:
 
 
 async def eventually(predicate: Callable[[], bool], what: str, deadline_s: float = 15.0) -> None:
-    """Polls `predicate` until it holds; fails the test after `deadline_s`."""
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.005)
+    """Polls `predicate` until it holds; fails the test after `deadline_s` (`waiting.until`)."""
+    await until(predicate, what, deadline_s)
