@@ -11,7 +11,8 @@ from gateway.app import create_app
 from gateway.config import Settings
 from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS
-from routing.ttft import SLOW_START_SCALE, ProfileEstimator
+from routing.speed import ProfileEstimator
+from routing.ttft import SLOW_START_SCALE
 
 MODEL = PRESETS[DEFAULT_PRESET].model_name
 
