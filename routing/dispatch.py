@@ -26,17 +26,13 @@ backend's speed from the reply's TPOT; `first_token` calibrates a backend the ga
 just met.
 
 Rules
-- With admission on, only admissible backends are offered to the router, whatever the policy; a
-  request too large for every backend's high-water mark is sent anyway (the backend's own limits
-  decide). With it off, every policy sees every healthy candidate and nothing queues (pure
+- With admission off, every policy sees every healthy candidate and nothing queues (pure
   policies, for comparisons).
 - A request no backend can take within the TPOT SLO is refused with 429 (`OVER_SLO`) and a
-  Retry-After of when the soonest backend would be back under it if nothing else arrived
-  (`slo.recovery_s`), at once by default, or after waiting in the gateway queue up to
-  `slo_wait_s` (a waiting head holds up every arrival behind it).
-- Queues are per model, strict priority between classes, fair between tenants, FIFO within one
-  (routing/admission.py); the head of a queue is never overtaken, so a large request is not
-  starved by smaller ones behind it.
+  Retry-After of when the soonest backend would be back under it (`slo.recovery_s`), at once by
+  default, or after waiting up to `slo_wait_s` (a waiting head holds up every arrival behind it).
+- The head of a model's queue (routing/admission.py) is never overtaken, so a large request is
+  not starved by smaller ones behind it.
 
 The values it takes and returns (Job, Completion, Dispatch, Waiting, Rejection, Pumped, the
 decision reasons) live in routing/jobs.py and are re-exported here.
@@ -47,7 +43,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Protocol
 
 from routing.admission import (
@@ -61,6 +57,7 @@ from routing.admission import (
     timed_out,
 )
 from routing.cost import CostModel, RequestCost
+from routing.dispatch_config import DispatchConfig
 from routing.jobs import (
     ADMITTED,
     CANCELLED,
@@ -84,8 +81,8 @@ from routing.jobs import (
 )
 from routing.ledger import Lease
 from routing.policy import NoCandidate, Router
-from routing.prefix import DEFAULT_BLOCK_CHARS, PrefixChain, PrefixIndex, prefix_chain
-from routing.scheduling.admission import DEFAULT_MAX_RISK, Admission, AdmissionParams, Admitted
+from routing.prefix import PrefixChain, PrefixIndex, prefix_chain
+from routing.scheduling.admission import Admission, Admitted
 from routing.scheduling.backends import BackendModels
 from routing.scheduling.cycle import CycleState
 from routing.scheduling.facts import Facts, FactsProducer
@@ -97,9 +94,8 @@ from routing.scheduling.learning import (
     SpeedLearner,
     WorkLearner,
 )
-from routing.slo import SloTargets
 from routing.state import Candidate
-from routing.ttft import DEFAULT_HIGH_WATER, BackendProfile
+from routing.ttft import BackendProfile
 
 
 class FleetLike(Protocol):
@@ -107,46 +103,6 @@ class FleetLike(Protocol):
 
     def candidates(self, model: str | None, now: float) -> list[Candidate]: ...
     def lease(self, backend_id: str, blocks: int, now: float) -> Lease: ...
-
-
-@dataclass(frozen=True, slots=True)
-class DispatchConfig:
-    admission: bool = True
-    high_water: float = DEFAULT_HIGH_WATER  # fraction of a backend's KV blocks a request may fill
-    max_preemption_risk: float = DEFAULT_MAX_RISK
-    queue_max_depth: int = 1024  # per model
-    queue_timeout_s: float = 30.0
-    queue_max_per_tenant: int | None = None  # per model
-    drain_tau_s: float = 10.0  # time constant of the queue's measured drain rate (Retry-After)
-    prefix_block_chars: int = DEFAULT_BLOCK_CHARS
-    prefix_index_blocks: int = 8192  # per backend
-    sessions: int = 65_536  # sessions remembered (LRU)
-    slo: SloTargets = field(default_factory=SloTargets)
-    # SLO admission (routing/scheduling/admission.py), with admission on, against `slo.tpot_s`.
-    slo_admission: bool = True
-    # How long a request may wait for a backend within the SLO. 0 (refuse at once) by default:
-    # a waiting head holds up every arrival behind it.
-    slo_wait_s: float = 0.0
-    # Requests of this priority class or higher are not SLO-gated; None: every class is.
-    slo_exempt_priority: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.queue_timeout_s <= 0 or self.queue_max_depth < 0 or self.sessions < 1:
-            raise ValueError("queue_timeout_s must be > 0, queue_max_depth >= 0, sessions >= 1")
-        if not self.slo_wait_s >= 0.0:
-            raise ValueError("slo_wait_s must be >= 0")
-        self.admission_params()  # ValueError naming a bad admission figure
-
-    @property
-    def slo_gated(self) -> bool:
-        return self.admission and self.slo_admission
-
-    def admission_params(self) -> AdmissionParams:
-        return AdmissionParams(
-            enabled=self.admission, high_water=self.high_water,
-            max_preemption_risk=self.max_preemption_risk,
-            slo_tpot_s=self.slo.tpot_s if self.slo_admission else None,
-            exempt_priority=self.slo_exempt_priority)
 
 
 class Dispatcher:
@@ -320,10 +276,10 @@ class Dispatcher:
         """The backend's learned speed as a scale on the reference profile's step times (above 1
         slower; None until a first token or a reply has been measured: the slow-start guess is
         not a measurement), and how many replies' TPOTs it has learned from."""
-        estimator = self._models.estimators.get(backend_id)
-        if estimator is None or not estimator.calibrated:
+        state = self._models.states.get(backend_id)
+        if state is None or not state.estimator.calibrated:
             return None, 0
-        return estimator.scale, estimator.replies
+        return state.estimator.scale, state.estimator.replies
 
     # Internals.
 

@@ -35,8 +35,10 @@ class Scored(NamedTuple):
     score: float  # the weighted sum of clamped scores: in [0, sum of weights]
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
+    """A named tuple: one is made per decision, and a tuple is built faster than a frozen
+    dataclass."""
+
     backend: Candidate
     policy: str
     reason: str  # one human-readable line: why this backend
@@ -114,12 +116,9 @@ class Router:
                 narrowed_by = step
         totals = [0.0] * len(survivors)
         for score_fn, weight in self._score_fns:
-            for i, value in enumerate(score_fn(cycle, survivors)):
-                if not value >= 0.0:  # negative or NaN
-                    value = 0.0
-                elif value > 1.0:
-                    value = 1.0
-                totals[i] += weight * value
+            # Each score clamped to [0, 1] (NaN counts as 0), then weighted.
+            totals = [t + weight * (1.0 if v > 1.0 else v if v >= 0.0 else 0.0)
+                      for t, v in zip(totals, score_fn(cycle, survivors), strict=True)]
         scored = [Scored(c, s) for c, s in zip(survivors, totals, strict=True)]
         chosen = self.picker.pick(scored)
         score = next(s.score for s in scored if s.candidate is chosen)

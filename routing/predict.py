@@ -4,7 +4,7 @@
   ahead, its batch and decode step, its prefill load. It depends on the candidate (a frozen
   view), the backend's profile, the gateway's `BackendWork` record, the time and the model's
   typical prompt and reply, so a router computes it once per backend per state change and
-  reuses it for every request decided at that state (`LoadCache`).
+  reuses it for every request decided at that state (routing/scheduling/backends.py).
 - `predict_on` adds one request to a `BackendLoad`: its own prefill, its KV fit and wait, its
   TPOT and what it does to the replies already there, its preemption risk.
 `predict` is the two together. Pure, apart from `BackendWork`'s memo of the last scrape it read
@@ -253,41 +253,3 @@ def predict(
     load = backend_load(candidate, profile, work, now, cost.typical_prompt_tokens,
                         cost.mean_output_all)
     return predict_on(load, request_terms(cost), cached_tokens, high_water=high_water)
-
-
-class _Entry:
-    __slots__ = ("candidate", "profile", "version", "now", "typical", "mean_all", "load")
-
-    def __init__(self, candidate: Candidate, profile: BackendProfile, version: int, now: float,
-                 typical: float, mean_all: float, load: BackendLoad) -> None:
-        self.candidate = candidate
-        self.profile = profile
-        self.version = version
-        self.now = now
-        self.typical = typical
-        self.mean_all = mean_all
-        self.load = load
-
-
-class LoadCache:
-    """The last `BackendLoad` of each backend and what it was computed from: reused while the
-    candidate view (a new object whenever its snapshot, staleness, health or ledger changes),
-    the profile object, the work record's version, the time and the model's figures are the
-    same, so a backend's side of the model is computed once per state, not once per request."""
-
-    __slots__ = ("_entries",)
-
-    def __init__(self) -> None:
-        self._entries: dict[str, _Entry] = {}
-
-    def load(self, candidate: Candidate, profile: BackendProfile, work: BackendWork, now: float,
-             typical: float, mean_all: float) -> BackendLoad:
-        entry = self._entries.get(candidate.spec.id)
-        if (entry is not None and entry.candidate is candidate and entry.profile is profile
-                and entry.version == work.version and entry.now == now
-                and entry.typical == typical and entry.mean_all == mean_all):
-            return entry.load
-        load = backend_load(candidate, profile, work, now, typical, mean_all)
-        self._entries[candidate.spec.id] = _Entry(candidate, profile, work.version, now, typical,
-                                                  mean_all, load)
-        return load

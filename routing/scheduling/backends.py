@@ -1,41 +1,69 @@
-"""What the gateway has learned about each backend, in one place: its speed (`ProfileEstimator`,
-routing/speed.py), its record of the work sent there (`BackendWork`, routing/backend_work.py),
-the replies its speed rests on, and the prefill-side figures of the TTFT model cached per state
-(`LoadCache`, routing/predict.py). The learning hooks (routing/scheduling/learning.py) write it;
-the data producer (routing/scheduling/facts.py) reads it.
+"""What the gateway has learned about each backend, in one record per backend: its speed
+(`ProfileEstimator`, routing/speed.py) and the profile it gives, its record of the work sent
+there (`BackendWork`, routing/backend_work.py), and the backend's side of the TTFT model
+(`BackendLoad`, routing/predict.py) with what it was computed from. The learning hooks
+(routing/scheduling/learning.py) write it; the data producer (routing/scheduling/facts.py) reads
+it, and reuses a backend's load while the candidate view (a new object whenever its snapshot,
+staleness, health or ledger changes), the profile, the work record's version, the time and the
+model's figures are the same: a backend's side is computed once per state, not per request.
 """
 
 from __future__ import annotations
 
+import math
+
 from routing.backend_work import BackendWork
-from routing.predict import LoadCache
+from routing.predict import BackendLoad
 from routing.speed import ProfileEstimator
+from routing.state import Candidate
 from routing.ttft import BackendProfile
+
+
+class BackendState:
+    __slots__ = ("estimator", "work", "profile", "calibrated", "load", "load_candidate",
+                 "load_profile", "load_version", "load_now", "load_typical", "load_mean_all")
+
+    def __init__(self, estimator: ProfileEstimator, work: BackendWork) -> None:
+        self.estimator = estimator
+        self.work = work
+        self.profile = estimator.profile()  # kept equal to estimator.profile() (`learned`)
+        self.calibrated = estimator.calibrated
+        self.load: BackendLoad | None = None
+        self.load_candidate: Candidate | None = None
+        self.load_profile: BackendProfile | None = None
+        self.load_version = -1
+        self.load_now = math.nan
+        self.load_typical = math.nan
+        self.load_mean_all = math.nan
+
+    def learned(self) -> None:
+        """The estimator learned something: its profile and calibration are read again."""
+        self.profile = self.estimator.profile()
+        self.calibrated = self.estimator.calibrated
 
 
 class BackendModels:
     """One per Dispatcher. `prior`: the reference speed; each backend's is learned relative to
     it, starting slow (ttft.SLOW_START_SCALE) until its replies are measured."""
 
-    __slots__ = ("prior", "estimators", "work", "replies", "loads")
+    __slots__ = ("prior", "states", "replies")
 
     def __init__(self, prior: BackendProfile | None = None) -> None:
         self.prior = prior or BackendProfile()
-        self.estimators: dict[str, ProfileEstimator] = {}
-        self.work: dict[str, BackendWork] = {}
+        self.states: dict[str, BackendState] = {}
         # Replies each backend's speed has been learned from, kept up to date as TPOTs come in
         # (`CycleState.measured`: one mapping for every decision, not one built per decision).
         self.replies: dict[str, int] = {}
-        self.loads = LoadCache()
+
+    def state(self, backend_id: str) -> BackendState:
+        state = self.states.get(backend_id)
+        if state is None:
+            state = self.states[backend_id] = BackendState(ProfileEstimator(self.prior),
+                                                            BackendWork())
+        return state
 
     def estimator(self, backend_id: str) -> ProfileEstimator:
-        estimator = self.estimators.get(backend_id)
-        if estimator is None:
-            estimator = self.estimators[backend_id] = ProfileEstimator(self.prior)
-        return estimator
+        return self.state(backend_id).estimator
 
     def work_of(self, backend_id: str) -> BackendWork:
-        work = self.work.get(backend_id)
-        if work is None:
-            work = self.work[backend_id] = BackendWork()
-        return work
+        return self.state(backend_id).work

@@ -6,8 +6,8 @@ prompt tokens it would have to prefill, the TTFT prediction and its parts (routi
 KV fit, preemption risk, TPOT before and after, prefill load), the committed peak blocks the
 request would add there (its uncached prompt plus its expected reply; cached prefix blocks are
 shared with whoever cached them) and whether the backend's speed has been read yet. The
-backend's side of the prediction is reused while its state is unchanged (`LoadCache`). Pure
-apart from that cache.
+backend's side of the prediction is reused while its state is unchanged
+(routing/scheduling/backends.py). Pure apart from that cache.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from routing.cost import RequestCost
-from routing.predict import predict_on, request_terms
+from routing.predict import backend_load, predict_on, request_terms
 from routing.prefix import PrefixChain, PrefixIndex
 from routing.scheduling.backends import BackendModels
 from routing.state import Candidate
@@ -63,7 +63,7 @@ class FactsProducer:
     def produce(self, candidates: list[Candidate], cost: RequestCost, chain: PrefixChain,
                 now: float) -> Facts:
         models = self._models
-        estimators, works, cache = models.estimators, models.work, models.loads
+        states = models.states
         high_water = self._high_water
         matched = self._prefix.matches(chain) if chain.blocks else {}
         typical, mean_all = cost.typical_prompt_tokens, cost.mean_output_all
@@ -82,9 +82,14 @@ class FactsProducer:
             depth = matched.get(cid, 0)
             # RequestCost.prefix_tokens of the first `depth` blocks, inlined.
             cached = min(prompt_tokens, int(depth * block_chars * per_char)) if depth else 0
-            estimator = estimators.get(cid) or models.estimator(cid)
-            work = works.get(cid) or models.work_of(cid)
-            load = cache.load(c, estimator.profile(), work, now, typical, mean_all)
+            st = states.get(cid) or models.state(cid)
+            load = st.load
+            if (load is None or st.load_candidate is not c or st.load_profile is not st.profile
+                    or st.load_version != st.work.version or st.load_now != now
+                    or st.load_typical != typical or st.load_mean_all != mean_all):
+                load = st.load = backend_load(c, st.profile, st.work, now, typical, mean_all)
+                st.load_candidate, st.load_profile, st.load_version = c, st.profile, st.work.version
+                st.load_now, st.load_typical, st.load_mean_all = now, typical, mean_all
             pred = predict_on(load, terms, cached, high_water=high_water)
             preds.append(pred)
             predictions[cid] = pred
@@ -98,6 +103,6 @@ class FactsProducer:
                 capacities.append(c.spec.max_batch_total_tokens)
             block_sizes.append(size)
             commits.append(-(-(peak - cached) // size))
-            calibrated.append(estimator.calibrated)
+            calibrated.append(st.calibrated)
         return Facts(candidates, preds, predictions, matched, commits, uncached, calibrated,
                      block_sizes, capacities)

@@ -74,11 +74,9 @@ class WorkLearner:
         self._models = models
 
     def dispatched(self, dispatch: Dispatch, uncached_tokens: int, now: float) -> None:
-        backend = dispatch.backend_id
-        models = self._models
-        models.work_of(backend).dispatched(
-            now, uncached_tokens, dispatch.context_tokens,
-            models.estimator(backend).profile().prefill_tokens_per_s)
+        state = self._models.state(dispatch.backend_id)
+        state.work.dispatched(now, uncached_tokens, dispatch.context_tokens,
+                              state.profile.prefill_tokens_per_s)
 
     def first_token(self, dispatch: Dispatch, now: float) -> None:
         pass
@@ -97,8 +95,9 @@ class SpeedLearner:
     def first_token(self, dispatch: Dispatch, now: float) -> None:
         pred = dispatch.prediction
         if pred is not None:
-            self._models.estimator(dispatch.backend_id).observe_ttft(
-                pred, now - dispatch.dispatched_at)
+            state = self._models.state(dispatch.backend_id)
+            state.estimator.observe_ttft(pred, now - dispatch.dispatched_at)
+            state.learned()
 
     def finished(self, dispatch: Dispatch, completion: Completion | None) -> None:
         pred = dispatch.prediction
@@ -108,9 +107,10 @@ class SpeedLearner:
         if tpot is not None and tpot > 0.0:
             # Past the first few, TTFTs are not learned from: they include queueing.
             backend = dispatch.backend_id
-            estimator = self._models.estimator(backend)
-            estimator.observe_tpot(pred.kv_read_tokens, pred.prefill_tokens_per_s, tpot)
-            self._models.replies[backend] = estimator.replies
+            state = self._models.state(backend)
+            state.estimator.observe_tpot(pred.kv_read_tokens, pred.prefill_tokens_per_s, tpot)
+            state.learned()
+            self._models.replies[backend] = state.estimator.replies
 
 
 class CostLearner:
