@@ -5,9 +5,9 @@
   from the `usage.prompt_tokens` the backends report (chat-template overhead folds into the ratio).
 - Output tokens are a distribution, not a single mean: a per-model, fixed-bucket log histogram
   (four buckets per octave, 1 to 131,072 tokens) whose weights decay with every new observation,
-  so it follows a drifting workload. It gives quantiles, the survival function ("still running
-  after k tokens") and the moments a routing prediction needs, each in O(log buckets) per request
-  (after one O(buckets) refresh of prefix sums per batch of new observations).
+  so it follows a drifting workload. It gives quantiles and the moments a routing prediction
+  needs, each in O(log buckets) per request (after one O(buckets) refresh of prefix sums per
+  batch of new observations), and keeps them per max_tokens until the next observation.
 - A request's KV footprint at its peak is `ceil((prompt + expected output) / block_size)` blocks;
   the conservative reservation uses the p90 output instead of the mean.
 
@@ -187,23 +187,6 @@ class LengthHistogram:
         frac = min(1.0, max(0.0, (target - cum[j]) / w)) if w > 0 else 0.0
         lo = _EDGES[j]
         return lo * math.pow(_EDGES[j + 1] / lo, frac)
-
-    def survival(self, tokens: float) -> float:
-        """The probability that a reply is still running after `tokens` tokens: P(length > k)."""
-        self._sums()
-        cum = self._p0
-        j = _bucket(tokens)
-        if j == 0:  # only empty replies have ended before the first token
-            below = cum[1]
-        else:
-            lo, hi = _EDGES[j], _EDGES[j + 1]
-            frac = min(1.0, math.log(tokens / lo) / math.log(hi / lo))
-            below = cum[j] + frac * (cum[j + 1] - cum[j])
-        return max(0.0, 1.0 - below / cum[-1])
-
-    def mean(self) -> float:
-        self._sums()
-        return self._p1[-1] / self._p0[-1]
 
     def stats(self, max_tokens: int | None) -> OutputStats:
         """The figures one request's cost needs, for a reply bounded by `max_tokens`."""

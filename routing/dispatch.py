@@ -85,7 +85,8 @@ from routing.prefix import PrefixChain, PrefixIndex, prefix_chain
 from routing.scheduling.admission import Admission, Admitted
 from routing.scheduling.backends import BackendModels
 from routing.scheduling.cycle import CycleState
-from routing.scheduling.facts import Facts, FactsProducer
+from routing.scheduling.facts import Facts, FactsProducer, cached_tokens
+from routing.scheduling.facts import block_size as facts_block_size
 from routing.scheduling.learning import (
     CostLearner,
     Learner,
@@ -317,7 +318,7 @@ class Dispatcher:
         backend = decision.backend_id
         chosen = decision.backend
         i = next(i for i, c in enumerate(facts.candidates) if c is chosen)
-        block_size = facts.block_sizes[i]
+        block_size = facts_block_size(chosen)
         lease = self.fleet.lease(backend, cost.reserve_blocks(block_size), now).acquire()
         commit = facts.commits[i]
         self._committed[backend] = self._committed.get(backend, 0) + commit
@@ -330,7 +331,8 @@ class Dispatcher:
                             waiting=waiting, reason=why, block_size=block_size,
                             committed_blocks=commit,
                             context_tokens=cost.prompt_tokens + 0.5 * cost.output_mean)
-        uncached = facts.uncached[i]
+        uncached = max(0, cost.prompt_tokens - cached_tokens(cost, chain,
+                                                              facts.matched.get(backend, 0)))
         for learner in self._learners:
             learner.dispatched(dispatch, uncached, now)
         self.router.dispatched(cycle, decision)

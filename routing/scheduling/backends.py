@@ -21,25 +21,27 @@ from routing.ttft import BackendProfile
 
 class BackendState:
     __slots__ = ("estimator", "work", "profile", "calibrated", "load", "load_candidate",
-                 "load_profile", "load_version", "load_now", "load_typical", "load_mean_all")
+                 "load_version", "load_now", "load_figures")
 
     def __init__(self, estimator: ProfileEstimator, work: BackendWork) -> None:
         self.estimator = estimator
         self.work = work
         self.profile = estimator.profile()  # kept equal to estimator.profile() (`learned`)
         self.calibrated = estimator.calibrated
+        # The cached load (None: to compute) and what it was computed from: the candidate view,
+        # the work record's version, the time, and the generation of the model's figures.
         self.load: BackendLoad | None = None
         self.load_candidate: Candidate | None = None
-        self.load_profile: BackendProfile | None = None
         self.load_version = -1
         self.load_now = math.nan
-        self.load_typical = math.nan
-        self.load_mean_all = math.nan
+        self.load_figures = -1
 
     def learned(self) -> None:
-        """The estimator learned something: its profile and calibration are read again."""
+        """The estimator learned something: its profile and calibration are read again, and the
+        load computed at the old profile is dropped."""
         self.profile = self.estimator.profile()
         self.calibrated = self.estimator.calibrated
+        self.load = None
 
 
 class BackendModels:

@@ -12,6 +12,7 @@ backend's side of the prediction is reused while its state is unchanged
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from routing.cost import RequestCost
@@ -30,10 +31,13 @@ class Facts(NamedTuple):
     predictions: dict[str, Prediction]
     matched: dict[str, int]
     commits: list[int]
-    uncached: list[int]
     calibrated: list[bool]
-    block_sizes: list[int]
     capacities: list[int | None]
+
+
+def cached_tokens(cost: RequestCost, chain: PrefixChain, matched_blocks: int) -> int:
+    """The prompt's tokens a backend holding its first `matched_blocks` chain blocks has cached."""
+    return cost.prefix_tokens(chain.chars(matched_blocks)) if matched_blocks else 0
 
 
 def block_size(candidate: Candidate) -> int:
@@ -59,6 +63,10 @@ class FactsProducer:
         self._models = models
         self._prefix = prefix
         self._high_water = high_water
+        # The model's typical prompt and mean reply the cached loads were computed with, and
+        # their generation: bumped whenever they change, which drops every cached load.
+        self._figures = (math.nan, math.nan)
+        self._generation = 0
 
     def produce(self, candidates: list[Candidate], cost: RequestCost, chain: PrefixChain,
                 now: float) -> Facts:
@@ -67,33 +75,33 @@ class FactsProducer:
         high_water = self._high_water
         matched = self._prefix.matches(chain) if chain.blocks else {}
         typical, mean_all = cost.typical_prompt_tokens, cost.mean_output_all
+        if (typical, mean_all) != self._figures:
+            self._figures = (typical, mean_all)
+            self._generation += 1
+        generation = self._generation
         terms = request_terms(cost)
         prompt_tokens, peak = terms.prompt_tokens, terms.peak_tokens
         block_chars, per_char = chain.block_chars, cost.tokens_per_char
         preds: list[Prediction] = []
         predictions: dict[str, Prediction] = {}
         commits: list[int] = []
-        uncached: list[int] = []
         calibrated: list[bool] = []
-        block_sizes: list[int] = []
         capacities: list[int | None] = []
         for c in candidates:
             cid = c.spec.id
             depth = matched.get(cid, 0)
-            # RequestCost.prefix_tokens of the first `depth` blocks, inlined.
+            # cached_tokens, inlined.
             cached = min(prompt_tokens, int(depth * block_chars * per_char)) if depth else 0
             st = states.get(cid) or models.state(cid)
             load = st.load
-            if (load is None or st.load_candidate is not c or st.load_profile is not st.profile
-                    or st.load_version != st.work.version or st.load_now != now
-                    or st.load_typical != typical or st.load_mean_all != mean_all):
+            if (load is None or st.load_candidate is not c or st.load_version != st.work.version
+                    or st.load_now != now or st.load_figures != generation):
                 load = st.load = backend_load(c, st.profile, st.work, now, typical, mean_all)
-                st.load_candidate, st.load_profile, st.load_version = c, st.profile, st.work.version
-                st.load_now, st.load_typical, st.load_mean_all = now, typical, mean_all
+                st.load_candidate, st.load_version = c, st.work.version
+                st.load_now, st.load_figures = now, generation
             pred = predict_on(load, terms, cached, high_water=high_water)
             preds.append(pred)
             predictions[cid] = pred
-            uncached.append(prompt_tokens - cached if prompt_tokens > cached else 0)
             snap = c.snapshot
             if snap is not None and snap.kv_total_blocks:
                 size = snap.block_size or DEFAULT_BLOCK_SIZE
@@ -101,8 +109,6 @@ class FactsProducer:
             else:
                 size = block_size(c)
                 capacities.append(c.spec.max_batch_total_tokens)
-            block_sizes.append(size)
             commits.append(-(-(peak - cached) // size))
             calibrated.append(st.calibrated)
-        return Facts(candidates, preds, predictions, matched, commits, uncached, calibrated,
-                     block_sizes, capacities)
+        return Facts(candidates, preds, predictions, matched, commits, calibrated, capacities)

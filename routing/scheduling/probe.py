@@ -54,9 +54,6 @@ class SpeedProbeFilter:
         self._params = params or ProbeParams()
         self._probes: dict[str, int] = {}
 
-    def probes_sent(self, backend_id: str) -> int:
-        return self._probes.get(backend_id, 0)
-
     def filter(self, cycle: CycleState, candidates: list[Candidate]) -> list[Candidate]:
         if len(candidates) < 2 or not (
                 cycle.stream or cycle.max_tokens is None
