@@ -81,12 +81,12 @@ from routing.jobs import (
 )
 from routing.ledger import Lease
 from routing.policy import NoCandidate, Router
+from routing.predict import lease_block_size
 from routing.prefix import PrefixChain, PrefixIndex, prefix_chain
 from routing.scheduling.admission import Admission, Admitted
 from routing.scheduling.backends import BackendModels
 from routing.scheduling.cycle import CycleState
 from routing.scheduling.facts import Facts, FactsProducer, cached_tokens
-from routing.scheduling.facts import block_size as facts_block_size
 from routing.scheduling.learning import (
     CostLearner,
     Learner,
@@ -318,7 +318,7 @@ class Dispatcher:
         backend = decision.backend_id
         chosen = decision.backend
         i = next(i for i, c in enumerate(facts.candidates) if c is chosen)
-        block_size = facts_block_size(chosen)
+        block_size = lease_block_size(chosen)
         lease = self.fleet.lease(backend, cost.reserve_blocks(block_size), now).acquire()
         commit = facts.commits[i]
         self._committed[backend] = self._committed.get(backend, 0) + commit

@@ -65,6 +65,9 @@ class BackendLoad(NamedTuple):
     before_s: float  # the TPOT of the sequences there, without one more request
     decode_base_s: float
     decode_per_kv_token_s: float
+    # The block size the gateway's ledger counts this backend's leases in: the snapshot's,
+    # else 1 for a token budget without KV figures, else vLLM's default.
+    lease_block_size: int
 
 
 def backend_load(candidate: Candidate, profile: BackendProfile, work: BackendWork | None,
@@ -144,7 +147,17 @@ def backend_load(candidate: Candidate, profile: BackendProfile, work: BackendWor
         queued_tokens, queued_tokens / tps, decode_s, profile.overhead_s + decode_s, tps,
         rate_sum, rate_tau, load, busy, kv_before,
         profile.decode_step_s(kv_before) / (1.0 - busy), profile.decode_base_s,
-        profile.decode_per_kv_token_s)
+        profile.decode_per_kv_token_s, lease_block_size(candidate))
+
+
+def lease_block_size(candidate: Candidate) -> int:
+    """The backend's KV block size in tokens as leases count it (1 for a token budget)."""
+    snap = candidate.snapshot
+    if snap is not None and snap.block_size:
+        return snap.block_size
+    if (snap is None or not snap.kv_total_blocks) and candidate.spec.max_batch_total_tokens:
+        return 1
+    return DEFAULT_BLOCK_SIZE
 
 
 class RequestTerms(NamedTuple):
@@ -169,39 +182,35 @@ def request_terms(cost: RequestCost) -> RequestTerms:
 _new = tuple.__new__  # builds a Prediction without its Python-level __new__
 
 
-def predict_on(b: BackendLoad, t: RequestTerms, cached_tokens: int, *,
+def predict_on(b: BackendLoad, t: RequestTerms, cached_tokens: int,
                high_water: float = DEFAULT_HIGH_WATER) -> Prediction:
     """One request (`t`) on a backend whose load is `b`; `cached_tokens`: its prompt's tokens
     the backend likely holds already."""
-    prompt_tokens = t.prompt_tokens
+    (source, capacity, block_size, used, pending, running, growing, tpot_batch, queued_tokens,
+     queued_s, decode_s, step_s, tps, rate_sum, rate_tau, load, busy, kv_before, before_s,
+     decode_base_s, decode_per_kv, _) = b  # one unpacking: cheaper than an attribute read each
+    (prompt_tokens, peak_tokens, half_output, mean_all, output_mean, output_var, growth_mean,
+     growth_var) = t
     own_tokens = prompt_tokens - cached_tokens if prompt_tokens > cached_tokens else 0
-    tps = b.tokens_per_s
     own_s = own_tokens / tps
-    busy = b.busy
-    busy_after = (b.rate_sum + own_tokens) / b.rate_tau / tps
+    busy_after = (rate_sum + own_tokens) / rate_tau / tps
     if busy_after > 1.0:
         busy_after = 1.0
-    kv_after = b.kv_before + prompt_tokens + t.half_output
-    tpot_s = (b.decode_base_s + b.decode_per_kv_token_s * kv_after) / (1.0 - busy)
-    mean_all = t.mean_all
+    kv_after = kv_before + prompt_tokens + half_output
+    tpot_s = (decode_base_s + decode_per_kv * kv_after) / (1.0 - busy)
     steps = mean_all if mean_all > 1.0 else 1.0
     # The others also wait out this prompt's prefill once, spread over what is left of their
     # replies (a sequence met at a random instant has about a mean reply still to go).
     others_s = tpot_s + own_s / steps
-    queued_s, step_s = b.queued_s, b.step_s
-    prefill_tokens = int(b.queued_tokens) + own_tokens
-    capacity = b.capacity
+    prefill_tokens = int(queued_tokens) + own_tokens
     if capacity is None:
         return _new(Prediction, (
             queued_s, own_s, 0.0, step_s, queued_s + own_s + step_s, UNKNOWN_RISK, True, False,
-            None, prefill_tokens, b.running, _REASONS[b.source, "KV capacity unknown"],
-            b.tpot_batch, tpot_s, busy, b.before_s, kv_after, b.load, others_s, b.decode_base_s,
-            busy_after))
+            None, prefill_tokens, running, _REASONS[source, "KV capacity unknown"], tpot_batch,
+            tpot_s, busy, before_s, kv_after, load, others_s, decode_base_s, busy_after))
 
-    block_size = b.block_size
-    used, pending = b.used, b.pending
     limit = high_water * capacity
-    peak = -(-t.peak_tokens // block_size)
+    peak = -(-peak_tokens // block_size)
     prompt_blocks = -(-prompt_tokens // block_size)
     room = capacity - used - pending
     oversized = peak > limit
@@ -210,14 +219,13 @@ def predict_on(b: BackendLoad, t: RequestTerms, cached_tokens: int, *,
     if shortfall <= 0:
         kv_wait = 0.0
     elif used > 0 and prompt_blocks <= capacity:
-        kv_wait = shortfall / used * steps * b.decode_s
+        kv_wait = shortfall / used * steps * decode_s
     else:
         kv_wait = math.inf
 
     spare = room - prompt_blocks
-    growing = b.growing
-    growth = (growing * t.growth_mean + t.output_mean) / block_size
-    sd = math.sqrt(growing * t.growth_var + t.output_var) / block_size
+    growth = (growing * growth_mean + output_mean) / block_size
+    sd = math.sqrt(growing * growth_var + output_var) / block_size
     if sd > 0.0:
         risk = 0.5 * math.erfc((spare - growth) / (sd * _SQRT2))
     else:
@@ -233,8 +241,8 @@ def predict_on(b: BackendLoad, t: RequestTerms, cached_tokens: int, *,
         verdict = "fits"
     return _new(Prediction, (
         queued_s, own_s, kv_wait, step_s, queued_s + own_s + kv_wait + step_s, risk, fits,
-        oversized, room, prefill_tokens, b.running, _REASONS[b.source, verdict], b.tpot_batch,
-        tpot_s, busy, b.before_s, kv_after, b.load, others_s, b.decode_base_s, busy_after))
+        oversized, room, prefill_tokens, running, _REASONS[source, verdict], tpot_batch, tpot_s,
+        busy, before_s, kv_after, load, others_s, decode_base_s, busy_after))
 
 
 def predict(

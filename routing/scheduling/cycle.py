@@ -32,7 +32,8 @@ class CycleState:
 
     __slots__ = ("model", "max_tokens", "stream", "cost", "chain", "session_backend",
                  "predictions", "matched", "measured", "pool", "admissible", "_best_ttft",
-                 "_queue_range", "_inflight_total", "_cheapest_prefill")
+                 "_queue_range", "_inflight_total", "_cheapest_prefill", "_preds_of",
+                 "_preds")
 
     def __init__(self, model: str, cost: RequestCost, *, max_tokens: int | None = None,
                  stream: bool = False, chain: PrefixChain | None = None,
@@ -58,10 +59,21 @@ class CycleState:
         self._queue_range: tuple[float, float] | None = None
         self._inflight_total = -1
         self._cheapest_prefill: float | None = None
+        self._preds_of: list[Candidate] | None = None
+        self._preds: list[Prediction | None] = []
 
     @property
     def prompt_tokens(self) -> int:
         return self.cost.prompt_tokens
+
+    def predictions_of(self, candidates: list[Candidate]) -> list[Prediction | None]:
+        """Each candidate's prediction (None without one), aligned with `candidates`; kept for
+        the last list asked about, so the scorers of one decision look them up once."""
+        if candidates is not self._preds_of:
+            predictions = self.predictions
+            self._preds = [predictions.get(c.spec.id) for c in candidates]
+            self._preds_of = candidates
+        return self._preds
 
     def best_ttft_s(self) -> float:
         """The lowest predicted TTFT in the pool (0 without predictions)."""

@@ -20,7 +20,7 @@ from routing.predict import backend_load, predict_on, request_terms
 from routing.prefix import PrefixChain, PrefixIndex
 from routing.scheduling.backends import BackendModels
 from routing.state import Candidate
-from routing.ttft import DEFAULT_BLOCK_SIZE, Prediction
+from routing.ttft import Prediction
 
 
 class Facts(NamedTuple):
@@ -38,24 +38,6 @@ class Facts(NamedTuple):
 def cached_tokens(cost: RequestCost, chain: PrefixChain, matched_blocks: int) -> int:
     """The prompt's tokens a backend holding its first `matched_blocks` chain blocks has cached."""
     return cost.prefix_tokens(chain.chars(matched_blocks)) if matched_blocks else 0
-
-
-def block_size(candidate: Candidate) -> int:
-    """The backend's KV block size in tokens (1 for a token budget such as TGI's)."""
-    snap = candidate.snapshot
-    if snap is not None and snap.block_size:
-        return snap.block_size
-    if (snap is None or not snap.kv_total_blocks) and candidate.spec.max_batch_total_tokens:
-        return 1
-    return DEFAULT_BLOCK_SIZE
-
-
-def capacity(candidate: Candidate) -> int | None:
-    """KV capacity in the backend's blocks (a TGI token budget in tokens); None if unknown."""
-    snap = candidate.snapshot
-    if snap is not None and snap.kv_total_blocks:
-        return snap.kv_total_blocks
-    return candidate.spec.max_batch_total_tokens
 
 
 class FactsProducer:
@@ -99,16 +81,10 @@ class FactsProducer:
                 load = st.load = backend_load(c, st.profile, st.work, now, typical, mean_all)
                 st.load_candidate, st.load_version = c, st.work.version
                 st.load_now, st.load_figures = now, generation
-            pred = predict_on(load, terms, cached, high_water=high_water)
+            pred = predict_on(load, terms, cached, high_water)
             preds.append(pred)
             predictions[cid] = pred
-            snap = c.snapshot
-            if snap is not None and snap.kv_total_blocks:
-                size = snap.block_size or DEFAULT_BLOCK_SIZE
-                capacities.append(snap.kv_total_blocks)
-            else:
-                size = block_size(c)
-                capacities.append(c.spec.max_batch_total_tokens)
-            commits.append(-(-(peak - cached) // size))
+            capacities.append(load.capacity)
+            commits.append(-(-(peak - cached) // load.lease_block_size))
             calibrated.append(st.calibrated)
         return Facts(candidates, preds, predictions, matched, commits, calibrated, capacities)

@@ -42,13 +42,11 @@ class GoodputScorer:
         self._tpot = (math.log(slo.tpot_s), params.tpot_spread * math.sqrt(2.0))
 
     def score(self, cycle: CycleState, candidates: list[Candidate]) -> list[float]:
-        predictions = cycle.predictions
         ttft_log, ttft_scale = self._ttft
         tpot_log, tpot_scale = self._tpot
         erfc, log, inf = math.erfc, math.log, math.inf
         out: list[float] = []
-        for c in candidates:
-            pred = predictions.get(c.spec.id)
+        for pred in cycle.predictions_of(candidates):
             if pred is None:
                 out.append(0.0)
                 continue

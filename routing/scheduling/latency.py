@@ -22,11 +22,9 @@ from routing.state import Candidate
 
 class TtftScorer:
     def score(self, cycle: CycleState, candidates: list[Candidate]) -> list[float]:
-        predictions = cycle.predictions
         best = cycle.best_ttft_s()
         out: list[float] = []
-        for c in candidates:
-            pred = predictions.get(c.spec.id)
+        for pred in cycle.predictions_of(candidates):
             if pred is None:
                 out.append(0.0)
                 continue
@@ -42,19 +40,11 @@ class TtftScorer:
 
 class PrefillLoadScorer:
     def score(self, cycle: CycleState, candidates: list[Candidate]) -> list[float]:
-        predictions = cycle.predictions
-        out: list[float] = []
-        for c in candidates:
-            pred = predictions.get(c.spec.id)
-            out.append(0.0 if pred is None else max(0.0, 1.0 - pred.prefill_busy_after))
-        return out
+        return [0.0 if p is None else max(0.0, 1.0 - p.prefill_busy_after)
+                for p in cycle.predictions_of(candidates)]
 
 
 class PreemptionScorer:
     def score(self, cycle: CycleState, candidates: list[Candidate]) -> list[float]:
-        predictions = cycle.predictions
-        out: list[float] = []
-        for c in candidates:
-            pred = predictions.get(c.spec.id)
-            out.append(0.0 if pred is None else 1.0 - pred.preemption_risk)
-        return out
+        return [0.0 if p is None else 1.0 - p.preemption_risk
+                for p in cycle.predictions_of(candidates)]
