@@ -26,6 +26,8 @@ from typing import NamedTuple, Protocol
 from routing.scheduling.cycle import CycleState
 from routing.state import Candidate
 
+_new = tuple.__new__  # builds a named tuple without its Python-level __new__
+
 
 class Scored(NamedTuple):
     """One candidate's score. A named tuple: one is made per candidate of every decision, and a
@@ -119,7 +121,7 @@ class Router:
             # Each score clamped to [0, 1] (NaN counts as 0), then weighted.
             totals = [t + weight * (1.0 if v > 1.0 else v if v >= 0.0 else 0.0)
                       for t, v in zip(totals, score_fn(cycle, survivors), strict=True)]
-        scored = [Scored(c, s) for c, s in zip(survivors, totals, strict=True)]
+        scored = [_new(Scored, pair) for pair in zip(survivors, totals, strict=True)]
         chosen = self.picker.pick(scored)
         score = next(s.score for s in scored if s.candidate is chosen)
         reason = f"{chosen.id} scored {score:.3f}, best of {len(scored)} of {len(candidates)}"

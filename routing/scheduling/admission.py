@@ -97,7 +97,8 @@ class Admission:
                                                      strict=True):
             if not pred.oversized:
                 all_oversized = False
-            ok = kv_admissible(pred, max_risk)
+            # kv_admissible, inlined: this runs for every candidate of every decision.
+            ok = pred.fits and (pred.free_blocks is None or pred.preemption_risk <= max_risk)
             kv_ok.append(ok)
             if ok and (cap is None or committed.get(c.spec.id, 0) + commit <= high_water * cap):
                 kv_fits = True
