@@ -23,8 +23,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.config import RoutingSettings
+from gateway.config import Settings
 from gateway.errors import GatewayError, NoHealthyBackend
+from gateway.routing_settings import dispatch_config
 from routing.cost import CostModel, Tokenizer
 from routing.dispatch import (
     OVER_SLO,
@@ -32,7 +33,6 @@ from routing.dispatch import (
     TENANT_QUEUE_FULL,
     Completion,
     Dispatch,
-    DispatchConfig,
     Dispatcher,
     Job,
     Rejection,
@@ -208,16 +208,12 @@ def load_tokenizers(paths: Mapping[str, str]) -> dict[str, Tokenizer]:
     return {model: _HfTokenizer(path) for model, path in paths.items()}
 
 
-def build_gate(routing: RoutingSettings, fleet: Fleet, router: Router,
+def build_gate(settings: Settings, fleet: Fleet, router: Router,
                clock: Callable[[], float]) -> Gate:
-    """The app's Gate from the routing settings (exact tokenizers loaded here, at start-up)."""
-    config = DispatchConfig(
-        admission=routing.admission, high_water=routing.high_water,
-        max_preemption_risk=routing.max_preemption_risk,
-        queue_max_depth=routing.queue.max_depth, queue_timeout_s=routing.queue.timeout_s,
-        queue_max_per_tenant=routing.queue.max_per_tenant, tpot_slo_s=routing.tpot_slo_s,
-        slo_wait_s=routing.slo_wait_s, slo_exempt_priority=routing.slo_exempt_priority,
-    )
+    """The app's Gate from the routing, SLO and advanced settings (exact tokenizers loaded here,
+    at start-up)."""
+    routing = settings.routing
+    config = dispatch_config(routing, settings.slo, settings.advanced)
     cost_model = CostModel(tokenizers=load_tokenizers(routing.tokenizers))
     dispatcher = Dispatcher(fleet, router, cost_model, config=config)
     return Gate(dispatcher, clock, tick_s=routing.poll_interval_s)

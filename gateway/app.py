@@ -52,9 +52,10 @@ from gateway.keys import (
 from gateway.observe import Recorder, install_telemetry
 from gateway.proxy import Proxy
 from gateway.relay import Relay
+from gateway.routing_settings import policy_context
 from gateway.telemetry import Telemetry
 from routing.fleet import Fleet
-from routing.policy import PolicyContext, build_router
+from routing.policies import build_router
 from routing.poller import Poller, full_every_for
 from routing.state import BackendSpec
 
@@ -103,11 +104,8 @@ def create_app(
         failure_threshold=routing.failure_threshold,
     )
     app[ROUTER] = build_router(
-        routing.policy,
-        PolicyContext(rng=rng or random.Random(routing.seed), weights=routing.weights,
-                      offload_long_prompts=routing.offload_long_prompts),
-    )
-    app[GATE] = build_gate(routing, app[FLEET], app[ROUTER], clock)
+        routing.policy, policy_context(routing, settings.slo, settings.advanced, rng))
+    app[GATE] = build_gate(settings, app[FLEET], app[ROUTER], clock)
     app.cleanup_ctx.append(gate_running)
     install_telemetry(app, recorder)
     app.cleanup_ctx.append(_upstream_client)
@@ -199,9 +197,9 @@ async def _backend_health(app: web.Application) -> AsyncIterator[None]:
         fleet,
         interval=settings.routing.poll_interval_s,
         timeout=settings.routing.scrape_timeout_s,
-        group_size=settings.routing.poll_group_size,
+        group_size=settings.advanced.poll_group_size,
         full_every=full_every_for(
-            settings.routing.full_scrape_interval_s, settings.routing.poll_interval_s),
+            settings.advanced.full_scrape_interval_s, settings.routing.poll_interval_s),
         clock=app[CLOCK],
         on_error=app[TELEMETRY].poll_error,
     )

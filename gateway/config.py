@@ -15,7 +15,6 @@ that pydantic converts to the field's type. An unknown name is an error like an 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,14 +34,20 @@ from pydantic import (
 )
 
 from gateway.auth import digest
+from gateway.backend_settings import BackendSettings
 from gateway.cli import UsageError
+from gateway.routing_settings import (
+    AdvancedSettings,
+    RoutingSettings,
+    SloSettings,
+    policy_context,
+)
 from gateway.telemetry import TelemetrySettings
 from gateway.telemetry.otlp import load_otlp_exporter
 from gateway.telemetry.settings import OTLP_PROTOCOLS
 from routing.model_select import DEFAULT_HARD_MARKERS, SmallModelRoute
-from routing.policies import DEFAULT_POLICY
-from routing.policy import PolicyContext, build_router, policy_names
-from routing.state import METRICS_FORMATS, BackendSpec
+from routing.policies import build_router
+from routing.state import BackendSpec
 
 ENV_PREFIX = "KVGATE_"
 MIB = 1024 * 1024
@@ -69,124 +74,6 @@ class ServerSettings(_Section):
     # event from streams whose client did not ask: output lengths and each backend's speed are
     # learned from it. Off for a server that refuses the field; streams are then timed per event.
     stream_usage: bool = True
-
-
-class BackendSettings(_Section):
-    url: str
-    id: str | None = None  # default: b0, b1, ... by position
-    models: tuple[str, ...] = ()  # empty = discover from the backend's /v1/models
-    metrics_format: str = "auto"
-    weight: float = Field(default=1.0, gt=0)
-    labels: dict[str, str] = Field(default_factory=dict)
-    max_batch_total_tokens: int | None = Field(default=None, ge=1)  # TGI's launcher setting
-    kv_unified: bool = False  # llama.cpp: one KV cache shared by its slots (routing/state.py)
-
-    @field_validator("url")
-    @classmethod
-    def _base_url(cls, value: str) -> str:
-        return normalise_backend_url(value)
-
-    @field_validator("metrics_format")
-    @classmethod
-    def _known_format(cls, value: str) -> str:
-        allowed = ("auto", *METRICS_FORMATS)
-        if value not in allowed:
-            raise ValueError(f"must be one of {', '.join(allowed)}")
-        return value
-
-
-class QueueSettings(_Section):
-    """The gateway queue, per model: requests wait here while no backend can take them under its
-    KV high-water mark."""
-
-    max_depth: int = Field(default=1024, ge=0)  # beyond this, 429 with Retry-After at once
-    timeout_s: float = Field(default=30.0, gt=0)  # waiting longer answers 503 with Retry-After
-    max_per_tenant: int | None = Field(default=None, ge=1)  # one tenant's share of the queue
-
-
-class RoutingSettings(_Section):
-    policy: str = DEFAULT_POLICY
-    # Scorer weights of the chosen policy, by scorer name (routing/policies.py), e.g. for cost:
-    # {"ttft": 2, "goodput": 2, "prefill_load": 4.5, "preemption": 1, "prefix": 0.3,
-    # "session": 0.3}. Unnamed ones keep their defaults.
-    weights: dict[str, float] = Field(default_factory=dict)
-    # Admission: a backend takes a request only if its peak KV stays under this fraction of the
-    # backend's blocks and the predicted preemption risk is at most max_preemption_risk; when no
-    # backend can, the request waits in the gateway queue. admission: false turns both off.
-    admission: bool = True
-    high_water: float = Field(default=0.9, gt=0, le=1)
-    max_preemption_risk: float = Field(default=0.1, ge=0, le=1)
-    # SLO admission (routing/dispatch.py), with admission on: a backend takes a request only while
-    # the replies decoding there are predicted to stay within tpot_slo_s seconds per token with it;
-    # when none can, the request gets 429 with Retry-After (after waiting up to slo_wait_s for one;
-    # 0, the default, measured best: a waiting request holds up those behind it), so past the
-    # fleet's SLO capacity the excess is shed instead of every reply slowing down. A backend with
-    # none of the gateway's requests in flight, or whose speed has not been read yet (no first
-    # token or reply measured), is never gated; one too slow for the SLO even alone is held to 2x
-    # its idle TPOT instead. null turns it off. Requests of priority class slo_exempt_priority or
-    # higher (priority_header) are never refused for it: the lower classes are shed first.
-    tpot_slo_s: float | None = Field(default=0.05, gt=0)
-    slo_wait_s: float = Field(default=0.0, ge=0)
-    slo_exempt_priority: int | None = None
-    # cost: a prompt of over twice the recent median goes to a slower backend (a bare decode step
-    # 1.5x the fastest's) when one can give it its first token within 0.3 s and keep its replies
-    # within the TPOT target: the fast backends' decodes are spared the long prefills
-    # (routing/offload.py). false: long prompts go where the scores say, mostly the fastest.
-    offload_long_prompts: bool = True
-    queue: QueueSettings = QueueSettings()
-    priority_header: str = Field(default="x-kvgate-priority", min_length=1)  # integer class
-    tenant_header: str = Field(default="x-kvgate-tenant", min_length=1)
-    session_header: str | None = None  # session affinity key; the body's `user` field otherwise
-    # model -> tokenizer.json for exact prompt counts (needs the optional `tokenizers` package).
-    tokenizers: dict[str, str] = Field(default_factory=dict)
-    # ~3-4.3% of a core per 32 vLLM backends; ~3.5-8% for servers that send their whole payload
-    poll_interval_s: float = Field(default=0.1, gt=0)
-    # Backends scraped in the same instant (routing/poller.py): larger groups cost less CPU, but
-    # each group's answers are parsed in one burst that delays the gateway's other work (32 busy
-    # vLLM backends: the loop up to ~6-8 ms late once per interval; groups of 8: ~2 points of a
-    # core more, up to ~3-4 ms).
-    poll_group_size: int = Field(default=32, ge=1)
-    # vLLM backends are asked for every series they expose about this often, and for the load
-    # gauges alone in between (routing/poller.py, tiers): the counters, the cache config (KV
-    # capacity) and the LoRA adapters in a snapshot are at most this old. At or below
-    # `poll_interval_s`: every series at every scrape.
-    full_scrape_interval_s: float = Field(default=1.0, gt=0)
-    scrape_timeout_s: float = Field(default=0.5, gt=0)  # one /metrics scrape, connect to body
-    max_snapshot_age_s: float = Field(default=1.0, gt=0)
-    # Failed scrapes or connections in a row that make a backend unhealthy.
-    failure_threshold: int = Field(default=3, ge=1)
-    seed: int | None = None  # seeds the policy's random.Random (tests, reproducible runs)
-
-    @field_validator("policy")
-    @classmethod
-    def _known_policy(cls, value: str) -> str:
-        names = policy_names()
-        if value not in names:
-            raise ValueError(f"unknown policy {value!r}; known: {', '.join(names)}")
-        return value
-
-    @field_validator("weights")
-    @classmethod
-    def _policy_weights(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
-        policy = info.data.get("policy")
-        if policy is None:  # the policy itself was invalid; that error is reported
-            return value
-        for name, weight in value.items():
-            if weight < 0:
-                raise ValueError(f"weight {name!r} must be >= 0")
-        build_router(policy, PolicyContext(weights=value))  # ValueError naming a bad scorer
-        return value
-
-    @field_validator("tokenizers")
-    @classmethod
-    def _tokenizer_files(cls, value: dict[str, str]) -> dict[str, str]:
-        if value and importlib.util.find_spec("tokenizers") is None:
-            raise ValueError("exact tokenizers need the optional 'tokenizers' package "
-                             "(pip install tokenizers), which is not installed")
-        for model, path in value.items():
-            if not Path(path).is_file():
-                raise ValueError(f"{model}: {path} is not a readable tokenizer.json file")
-        return value
 
 
 class TelemetryConfig(_Section):
@@ -351,6 +238,8 @@ class Settings(_Section):
     backends: tuple[BackendSettings, ...] = ()
     model_aliases: dict[str, str] = Field(default_factory=dict)  # alias -> real model name
     routing: RoutingSettings = RoutingSettings()
+    slo: SloSettings = SloSettings()
+    advanced: AdvancedSettings = AdvancedSettings()
     telemetry: TelemetryConfig = TelemetryConfig()
     cache: CacheSettings = CacheSettings()
     auth: AuthSettings = AuthSettings()
@@ -366,6 +255,18 @@ class Settings(_Section):
                 raise ValueError(f"small_model: {route.alias!r} is also a model_aliases entry")
             seen.add(route.alias)
         return self
+
+    @field_validator("advanced")
+    @classmethod
+    def _policy_weights(cls, value: AdvancedSettings, info: ValidationInfo) -> AdvancedSettings:
+        routing = info.data.get("routing")
+        if routing is None:  # the routing section itself was invalid; that error is reported
+            return value
+        try:  # ValueError naming a weight the policy has no scorer for
+            build_router(routing.policy, policy_context(routing, SloSettings(), value))
+        except ValueError as exc:
+            raise ValueError(f"advanced.weights: {exc}") from exc
+        return value
 
     def small_model_routes(self) -> dict[str, SmallModelRoute]:
         return {route.alias: route.to_route() for route in self.small_model}
@@ -390,39 +291,7 @@ class Settings(_Section):
         return value
 
     def backend_specs(self) -> tuple[BackendSpec, ...]:
-        return tuple(
-            BackendSpec(
-                id=b.id or f"b{i}",
-                url=b.url,
-                models=b.models,
-                metrics_format=None if b.metrics_format == "auto" else b.metrics_format,
-                weight=b.weight,
-                labels=MappingProxyType(dict(b.labels)),
-                max_batch_total_tokens=b.max_batch_total_tokens,
-                kv_unified=b.kv_unified,
-            )
-            for i, b in enumerate(self.backends)
-        )
-
-
-def normalise_backend_url(value: str) -> str:
-    """`http(s)://host[:port][/prefix]` without a trailing slash or `/v1` (clients often paste
-    their OpenAI base_url, which ends in /v1; kvgate appends the API paths itself)."""
-    parts = urlsplit(value.strip())
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"{value!r} is not an http(s) URL")
-    if not parts.hostname:
-        raise ValueError(f"{value!r} has no host")
-    try:
-        parts.port  # noqa: B018 - parsing the port is the check
-    except ValueError as exc:
-        raise ValueError(f"{value!r} has a bad port") from exc
-    if parts.query or parts.fragment:
-        raise ValueError(f"{value!r} must not have a query or fragment")
-    path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[: -len("/v1")]
-    return f"{parts.scheme}://{parts.netloc}{path}"
+        return tuple(b.to_spec(f"b{i}") for i, b in enumerate(self.backends))
 
 
 def load_settings(

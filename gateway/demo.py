@@ -20,9 +20,9 @@ from contextlib import AsyncExitStack
 
 import orjson
 
+from gateway.backend_settings import BackendSettings
 from gateway.cli import UsageError
 from gateway.config import (
-    BackendSettings,
     CacheSettings,
     ServerSettings,
     Settings,

@@ -32,6 +32,7 @@ from loadtest.fleetsim.trace import load_trace
 from loadtest.workloads import ARRIVALS, WORKLOADS, Limits, SharedPrefix, workload
 from routing.dispatch import DispatchConfig
 from routing.policies import DEFAULT_POLICY, POLICIES, scorer_names
+from routing.slo import SloTargets
 
 DEFAULT_FLEET = "4xllama-3-8b-h100,4xllama-3-8b-l40s"
 DESCRIPTION = ("Offline, virtual-time fleet simulation: replays a workload against simulated "
@@ -90,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="SLO admission: seconds a request may wait for a backend within the SLO (default 0)")
     a("--offload", choices=("on", "off"), default="on",
       help="cost: send prompts over twice the recent median to slower backends that can take "
-           "them within the SLOs, as the gateway does by default (routing/offload.py; default on)")
+           "them within the SLOs, as the gateway does by default "
+           "(routing/scheduling/offload.py; default on)")
     a("--weights", action="append", default=[], metavar="POLICY:NAME=W[,NAME=W...]",
       help="override a policy's scorer weights (repeatable), e.g. cost:prefill_load=6,ttft=2")
     a("--prefix-groups", type=int, default=16, metavar="N",
@@ -223,7 +225,8 @@ def build_experiment(args: argparse.Namespace) -> Experiment:
             replicas=args.replicas, slo=Slo(args.slo_ttft, args.slo_tpot),
             dispatch=DispatchConfig(
                 queue_timeout_s=args.queue_timeout, slo_wait_s=args.slo_wait,
-                tpot_slo_s=args.slo_tpot if args.slo_admission == "on" else None),
+                slo=SloTargets(args.slo_ttft, args.slo_tpot),
+                slo_admission=args.slo_admission == "on"),
             weights=weights, offload_long_prompts=args.offload == "on")
     except ValueError as exc:
         raise UsageError(str(exc)) from exc

@@ -1,4 +1,4 @@
-"""A what-if diagnostic for the chat target (loadtest/README.md, session 8): `kvgate simulate`
+"""A what-if diagnostic for the chat workload: `kvgate simulate`
 with a fixed share of requests sent to one pool of backends, whatever the policy would choose.
 
     python -m loadtest.split_frontier --share 0.25 [--pool b4,b5,b6,b7] \\
@@ -25,7 +25,9 @@ from collections.abc import Callable, Sequence
 import loadtest.fleetsim.loop as loop
 from gateway.cli import main as kvgate_main
 from loadtest.probe import main as probe_main
-from routing.policy import PolicyContext, Router, RouteRequest, build_router
+from routing.policies import PolicyContext, build_router
+from routing.policy import Router
+from routing.scheduling.cycle import CycleState
 from routing.state import Candidate
 
 
@@ -40,8 +42,8 @@ class PoolSplit:
         self.min_prompt = min_prompt
         self.max_prompt = max_prompt
 
-    def filter(self, request: RouteRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
-        tokens = request.prompt_tokens
+    def filter(self, cycle: CycleState, candidates: list[Candidate]) -> list[Candidate]:
+        tokens = cycle.prompt_tokens
         if tokens < self.min_prompt or (self.max_prompt is not None and tokens > self.max_prompt):
             return list(candidates)
         in_pool = self.rng.random() < self.share
@@ -59,8 +61,8 @@ def split_router(pool: frozenset[str], share: float, *, min_prompt: int = 0,
         router = build_router(name, ctx)
         rng = random.Random(repr(ctx.rng.getstate()[1][:8]))
         split = PoolSplit(pool, share, rng, min_prompt=min_prompt, max_prompt=max_prompt)
-        router._filters = (split, *router._filters)  # noqa: SLF001 - a diagnostic's wrapper
-        return router
+        return Router(router.name, picker=router.picker, filters=(split, *router.filters),
+                      scorers=router.scorers, hooks=router.hooks)
 
     return build
 

@@ -5,9 +5,9 @@
   from the `usage.prompt_tokens` the backends report (chat-template overhead folds into the ratio).
 - Output tokens are a distribution, not a single mean: a per-model, fixed-bucket log histogram
   (four buckets per octave, 1 to 131,072 tokens) whose weights decay with every new observation,
-  so it follows a drifting workload. It gives quantiles, the survival function ("still running
-  after k tokens") and the moments a routing prediction needs, each in O(log buckets) per request
-  (after one O(buckets) refresh of prefix sums per batch of new observations).
+  so it follows a drifting workload. It gives quantiles and the moments a routing prediction
+  needs, each in O(log buckets) per request (after one O(buckets) refresh of prefix sums per
+  batch of new observations), and keeps them per max_tokens until the next observation.
 - A request's KV footprint at its peak is `ceil((prompt + expected output) / block_size)` blocks;
   the conservative reservation uses the p90 output instead of the mean.
 
@@ -116,7 +116,7 @@ class LengthHistogram:
     """A decayed log histogram of reply lengths in tokens. One per model; not thread-safe."""
 
     __slots__ = ("_weights", "_w1", "_w2", "_w3", "_decay", "_increment", "_dirty", "_p0", "_p1",
-                 "_p2", "_p3")
+                 "_p2", "_p3", "_stats")
 
     def __init__(self, *, half_life: float, prior_median: float, prior_weight: float) -> None:
         """`half_life`: observations after which an old one weighs half. The prior is a lognormal
@@ -139,6 +139,8 @@ class LengthHistogram:
         self._p1: list[float] = []
         self._p2: list[float] = []
         self._p3: list[float] = []
+        # `stats` by max_tokens since the last observation: a pure function of the weights.
+        self._stats: dict[int | None, OutputStats] = {}
 
     def observe(self, tokens: int) -> None:
         # Decay by growing the weight of each new observation instead of shrinking all the old
@@ -157,6 +159,7 @@ class LengthHistogram:
             self._w2[j] = w2 = w1 * rep
             self._w3[j] = w2 * rep
         self._dirty = True
+        self._stats.clear()
 
     def _moments(self) -> None:
         self._w1 = list(map(mul, self._weights, _REPS))
@@ -185,25 +188,14 @@ class LengthHistogram:
         lo = _EDGES[j]
         return lo * math.pow(_EDGES[j + 1] / lo, frac)
 
-    def survival(self, tokens: float) -> float:
-        """The probability that a reply is still running after `tokens` tokens: P(length > k)."""
-        self._sums()
-        cum = self._p0
-        j = _bucket(tokens)
-        if j == 0:  # only empty replies have ended before the first token
-            below = cum[1]
-        else:
-            lo, hi = _EDGES[j], _EDGES[j + 1]
-            frac = min(1.0, math.log(tokens / lo) / math.log(hi / lo))
-            below = cum[j] + frac * (cum[j + 1] - cum[j])
-        return max(0.0, 1.0 - below / cum[-1])
-
-    def mean(self) -> float:
-        self._sums()
-        return self._p1[-1] / self._p0[-1]
-
     def stats(self, max_tokens: int | None) -> OutputStats:
         """The figures one request's cost needs, for a reply bounded by `max_tokens`."""
+        out = self._stats.get(max_tokens)
+        if out is None:
+            out = self._stats[max_tokens] = self._compute_stats(max_tokens)
+        return out
+
+    def _compute_stats(self, max_tokens: int | None) -> OutputStats:
         self._sums()
         p0, p1, p2, p3 = self._p0, self._p1, self._p2, self._p3
         total, s1 = p0[-1], p1[-1]

@@ -1,5 +1,5 @@
-"""The policy registry: every routing policy by name, each a composition of filters, scorers
-(with named, overridable weights) and a picker.
+"""The policy registry: every routing policy by name, each a profile of named plugins (filters, then
+scorers with named, overridable weights, then one picker), and the plugins by name.
 
 - round_robin: rotation over the healthy candidates.
 - random: uniform choice.
@@ -8,169 +8,179 @@
 - kv_util: the Gateway API Inference Extension's default: queue 2, kv_cache 2, prefix 3.
 - prefix_hash: consistent hashing of the prefix with bounded load, 1.25 x mean (prefix_hash 1).
 - cost (the default): KV high-water filter, then long prompts to slower backends
-  (routing/offload.py), then a request to an idle backend whose speed is not measured yet
-  (routing/probe.py); ttft 2, goodput 2, prefill_load 4.5, preemption 1, prefix 0.3
-  (load-bounded), session 0.3.
+  (routing/scheduling/offload.py), then a request to an idle backend whose speed is not measured
+  yet (routing/scheduling/probe.py); ttft 2, goodput 2, prefill_load 4.5, preemption 1, prefix
+  0.3 (load-bounded), session 0.3.
 
-`cost` predicts, per backend, what the request would see there and what it would do to the
-requests already there (routing/ttft.py: a vLLM-like engine's step is the weights read, plus the
-KV every decode reads, plus the prefill chunks interleaved; each backend's speed is learned from
-its first tokens, then from the TPOTs the gateway measures, a backend not measured yet is taken
-as slow until they prove otherwise, and the prefill queue ahead comes from what the gateway
-itself sent there). It
-drops backends the request would push past their KV high-water mark, then weighs
-- ttft: the predicted time to first token against the pool's best (queued prefill ahead, own
-  uncached prefill, wait for KV blocks, one step), and
-- goodput: the expected change in requests meeting both SLOs (TTFT 1 s, TPOT 50 ms): this
-  request's own chance, less the replies there its context and its prefill stall would push
-  past the TPOT target. So long prompts are not packed onto the fastest-looking backends past
-  the SLO, a slow backend is not given requests whose first token would come too late, and a
-  request that cannot succeed anywhere goes where it costs others least, and
-- prefill_load: the share of the backend's time its recent prefills leave to decoding. TTFT
-  alone would send every long prompt to the fastest prefill; on a mixed fleet that loads the
-  fast backends' steps with prefill until their TPOTs and queues rise, so prefill is spread in
-  proportion to each backend's prefill speed;
-prefix affinity and session affinity are preferences on top, the former bounded by load so a hot
-prefix never piles onto one saturated backend.
+`cost` reads the cycle's predictions (routing/predict.py: what the request would see on each
+backend and what it would do to the requests already there) and weighs the predicted TTFT
+against the pool's best, the expected change in requests meeting both SLOs (goodput), and the
+share of each backend's time its recent prefills leave to decoding (TTFT alone would send every
+long prompt to the fastest prefill, loading those backends' steps until their TPOTs rise);
+prefix and session affinity are preferences on top, the former bounded by load so a hot prefix
+never piles onto one saturated backend.
+
+Every plugin's thresholds are typed parameters on `PolicyContext` (today's values as defaults);
+the SLO targets are the gateway's one SLO. Callers build a Router with `build_router(name, ctx)`
+and call it, never branching on a policy's name or class.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from routing.offload import PrefillOffloadFilter
-from routing.policy import (
-    Filter,
-    HealthyFilter,
-    MaxScorePicker,
-    Picker,
-    PolicyContext,
-    PolicyFactory,
-    RoundRobinPicker,
-    Router,
-    Scorer,
-    Weighted,
-)
-from routing.probe import SpeedProbeFilter
-from routing.scorers import (
-    GoodputScorer,
-    HighWaterFilter,
-    KvUtilizationScorer,
-    LeastRequestScorer,
-    PowerOfTwoPicker,
-    PreemptionScorer,
-    PrefillLoadScorer,
+from routing.policy import DispatchHook, Filter, Picker, Router, Scorer, Weighted
+from routing.scheduling.affinity import (
+    DEFAULT_HASH_BLOCKS,
+    DEFAULT_LOAD_BOUND,
     PrefixAffinityScorer,
     PrefixHashScorer,
-    QueueScorer,
-    RandomPicker,
     SessionAffinityScorer,
-    TtftScorer,
 )
+from routing.scheduling.filters import HealthyFilter, HighWaterFilter
+from routing.scheduling.goodput import GoodputParams, GoodputScorer
+from routing.scheduling.latency import PreemptionScorer, PrefillLoadScorer, TtftScorer
+from routing.scheduling.load_scorers import KvUtilizationScorer, LeastRequestScorer, QueueScorer
+from routing.scheduling.offload import OffloadParams, PrefillOffloadFilter
+from routing.scheduling.pickers import (
+    MaxScorePicker,
+    PowerOfTwoPicker,
+    RandomPicker,
+    RoundRobinPicker,
+)
+from routing.scheduling.probe import ProbeParams, SpeedProbeFilter
+from routing.slo import SloTargets
 
 DEFAULT_POLICY = "cost"
 
-# Named scorers of one policy, with their default weights, built fresh per Router.
-ScorerSpecs = Mapping[str, tuple[Callable[[PolicyContext], Scorer], float]]
+
+@dataclass(frozen=True, slots=True)
+class PolicyContext:
+    """What a policy's plugins are built from: the injected Random and their typed parameters."""
+
+    rng: random.Random = field(default_factory=random.Random)
+    # Scorer weights by scorer name, overriding the policy's defaults; a name the policy does not
+    # use is an error.
+    weights: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    slo: SloTargets = field(default_factory=SloTargets)  # goodput's and the offload's targets
+    prefix_load_bound: float = DEFAULT_LOAD_BOUND  # bounded-load factor for prefix affinity/hash
+    hash_prefix_blocks: int = DEFAULT_HASH_BLOCKS  # prefix blocks that form prefix_hash's key
+    offload_long_prompts: bool = True  # cost: long prompts to slower backends within the SLOs
+    offload: OffloadParams = field(default_factory=OffloadParams)
+    probe: ProbeParams = field(default_factory=ProbeParams)
+    goodput: GoodputParams = field(default_factory=GoodputParams)
 
 
-def _compose(
-    name: str,
-    ctx: PolicyContext,
-    picker: Picker,
-    scorers: ScorerSpecs,
-    filters: tuple[Filter, ...] = (),
-) -> Router:
-    unknown = sorted(set(ctx.weights) - set(scorers))
-    if unknown:
-        known = ", ".join(sorted(scorers)) or "none"
-        raise ValueError(f"policy {name!r} has no scorer {unknown[0]!r} (its scorers: {known})")
-    weighted = tuple(
-        Weighted(make(ctx), ctx.weights.get(key, default))
-        for key, (make, default) in scorers.items()
-    )
-    return Router(name, filters=(HealthyFilter(), *filters), scorers=weighted, picker=picker)
+# A filter plugin: the filter, and its learning hook if it has one; None: turned off by its
+# parameters.
+FilterPlugin = tuple[Filter, DispatchHook | None] | None
+
+
+def _offload(ctx: PolicyContext) -> FilterPlugin:
+    if not ctx.offload_long_prompts:
+        return None
+    plugin = PrefillOffloadFilter(ctx.slo, ctx.offload)
+    return plugin, plugin
+
+
+def _probe(ctx: PolicyContext) -> FilterPlugin:
+    plugin = SpeedProbeFilter(ctx.probe)
+    return plugin, plugin
+
+
+FILTERS: Mapping[str, Callable[[PolicyContext], FilterPlugin]] = MappingProxyType({
+    "healthy": lambda _: (HealthyFilter(), None),
+    "high_water": lambda _: (HighWaterFilter(), None),
+    "prefill_offload": _offload,
+    "speed_probe": _probe,
+})
+
+SCORERS: Mapping[str, Callable[[PolicyContext], Scorer]] = MappingProxyType({
+    "least_request": lambda _: LeastRequestScorer(),
+    "queue": lambda _: QueueScorer(),
+    "kv_cache": lambda _: KvUtilizationScorer(),
+    "prefix": lambda _: PrefixAffinityScorer(),
+    "prefix_bounded": lambda ctx: PrefixAffinityScorer(load_bound=ctx.prefix_load_bound),
+    "prefix_hash": lambda ctx: PrefixHashScorer(bound=ctx.prefix_load_bound,
+                                                depth=ctx.hash_prefix_blocks),
+    "ttft": lambda _: TtftScorer(),
+    "goodput": lambda ctx: GoodputScorer(ctx.slo, ctx.goodput),
+    "prefill_load": lambda _: PrefillLoadScorer(),
+    "preemption": lambda _: PreemptionScorer(),
+    "session": lambda _: SessionAffinityScorer(),
+})
+
+PICKERS: Mapping[str, Callable[[random.Random], Picker]] = MappingProxyType({
+    "max_score": MaxScorePicker,
+    "round_robin": RoundRobinPicker,
+    "random": RandomPicker,
+    "power_of_two": PowerOfTwoPicker,
+})
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSpec:
+    """One policy: filter plugins in order (after `healthy`), weight name -> (scorer plugin,
+    default weight), and a picker."""
+
+    picker: str
+    scorers: Mapping[str, tuple[str, float]] = field(default_factory=dict)
+    filters: tuple[str, ...] = ()
+
+
+# The one registry of policies by name.
+PROFILES: Mapping[str, ProfileSpec] = MappingProxyType({
+    "round_robin": ProfileSpec("round_robin"),
+    "random": ProfileSpec("random"),
+    "least_request": ProfileSpec("max_score", {"least_request": ("least_request", 1.0)}),
+    "power_of_two": ProfileSpec("power_of_two", {"least_request": ("least_request", 1.0)}),
+    "kv_util": ProfileSpec("max_score", {"queue": ("queue", 2.0), "kv_cache": ("kv_cache", 2.0),
+                                         "prefix": ("prefix", 3.0)}),
+    "prefix_hash": ProfileSpec("max_score", {"prefix_hash": ("prefix_hash", 1.0)}),
+    "cost": ProfileSpec(
+        "max_score",
+        {"ttft": ("ttft", 2.0), "goodput": ("goodput", 2.0),
+         "prefill_load": ("prefill_load", 4.5), "preemption": ("preemption", 1.0),
+         "prefix": ("prefix_bounded", 0.3), "session": ("session", 0.3)},
+        filters=("high_water", "prefill_offload", "speed_probe")),
+})
+POLICIES = PROFILES
+
+
+def policy_names() -> tuple[str, ...]:
+    """Every registered policy."""
+    return tuple(sorted(PROFILES))
 
 
 def scorer_names(policy: str) -> tuple[str, ...]:
     """The weight names a policy accepts (empty for policies without scorers)."""
-    return tuple(sorted(_SCORERS.get(policy, {})))
+    spec = PROFILES.get(policy)
+    return tuple(sorted(spec.scorers)) if spec is not None else ()
 
 
-def _least_request(_: PolicyContext) -> Scorer:
-    return LeastRequestScorer()
-
-
-def _prefix_bounded(ctx: PolicyContext) -> Scorer:
-    return PrefixAffinityScorer(load_bound=ctx.prefix_load_bound)
-
-
-def _prefix_hash(ctx: PolicyContext) -> Scorer:
-    return PrefixHashScorer(bound=ctx.prefix_load_bound, depth=ctx.hash_prefix_blocks)
-
-
-_SCORERS: Mapping[str, ScorerSpecs] = MappingProxyType({
-    "round_robin": {},
-    "random": {},
-    "least_request": {"least_request": (_least_request, 1.0)},
-    "power_of_two": {"least_request": (_least_request, 1.0)},
-    "kv_util": {
-        "queue": (lambda _: QueueScorer(), 2.0),
-        "kv_cache": (lambda _: KvUtilizationScorer(), 2.0),
-        "prefix": (lambda _: PrefixAffinityScorer(), 3.0),
-    },
-    "prefix_hash": {"prefix_hash": (_prefix_hash, 1.0)},
-    "cost": {
-        "ttft": (lambda _: TtftScorer(), 2.0),
-        "goodput": (lambda _: GoodputScorer(), 2.0),
-        "prefill_load": (lambda _: PrefillLoadScorer(), 4.5),
-        "preemption": (lambda _: PreemptionScorer(), 1.0),
-        "prefix": (_prefix_bounded, 0.3),
-        "session": (lambda _: SessionAffinityScorer(), 0.3),
-    },
-})
-
-
-def _round_robin(ctx: PolicyContext) -> Router:
-    return _compose("round_robin", ctx, RoundRobinPicker(ctx.rng), _SCORERS["round_robin"])
-
-
-def _random(ctx: PolicyContext) -> Router:
-    return _compose("random", ctx, RandomPicker(ctx.rng), _SCORERS["random"])
-
-
-def _least_request_policy(ctx: PolicyContext) -> Router:
-    return _compose("least_request", ctx, MaxScorePicker(ctx.rng), _SCORERS["least_request"])
-
-
-def _power_of_two(ctx: PolicyContext) -> Router:
-    return _compose("power_of_two", ctx, PowerOfTwoPicker(ctx.rng), _SCORERS["power_of_two"])
-
-
-def _kv_util(ctx: PolicyContext) -> Router:
-    return _compose("kv_util", ctx, MaxScorePicker(ctx.rng), _SCORERS["kv_util"])
-
-
-def _prefix_hash_policy(ctx: PolicyContext) -> Router:
-    return _compose("prefix_hash", ctx, MaxScorePicker(ctx.rng), _SCORERS["prefix_hash"])
-
-
-def _cost(ctx: PolicyContext) -> Router:
-    filters: tuple[Filter, ...] = (HighWaterFilter(),)
-    if ctx.offload_long_prompts:
-        filters = (*filters, PrefillOffloadFilter())
-    filters = (*filters, SpeedProbeFilter())
-    return _compose("cost", ctx, MaxScorePicker(ctx.rng), _SCORERS["cost"], filters=filters)
-
-
-# The one registry of policies by name.
-POLICIES: Mapping[str, PolicyFactory] = MappingProxyType({
-    "round_robin": _round_robin,
-    "random": _random,
-    "least_request": _least_request_policy,
-    "power_of_two": _power_of_two,
-    "kv_util": _kv_util,
-    "prefix_hash": _prefix_hash_policy,
-    "cost": _cost,
-})
+def build_router(name: str, ctx: PolicyContext) -> Router:
+    """A fresh Router for the policy `name`; ValueError naming the known ones, or a weight the
+    policy has no scorer for, otherwise."""
+    try:
+        spec = PROFILES[name]
+    except KeyError as exc:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())}") from exc
+    unknown = sorted(set(ctx.weights) - set(spec.scorers))
+    if unknown:
+        known = ", ".join(sorted(spec.scorers)) or "none"
+        raise ValueError(f"policy {name!r} has no scorer {unknown[0]!r} (its scorers: {known})")
+    filters: list[Filter] = []
+    hooks: list[DispatchHook] = []
+    for plugin_name in ("healthy", *spec.filters):
+        plugin = FILTERS[plugin_name](ctx)
+        if plugin is not None:
+            filters.append(plugin[0])
+            if plugin[1] is not None:
+                hooks.append(plugin[1])
+    scorers = tuple(Weighted(SCORERS[plugin_name](ctx), ctx.weights.get(key, default))
+                    for key, (plugin_name, default) in spec.scorers.items())
+    return Router(name, picker=PICKERS[spec.picker](ctx.rng), filters=filters, scorers=scorers,
+                  hooks=hooks)

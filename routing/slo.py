@@ -1,19 +1,37 @@
-"""SLO admission's arithmetic: the TPOT a backend is held to, and how soon one past it will be
-back under it. Pure.
+"""The gateway's one SLO (`SloTargets`: TTFT and TPOT targets, which admission, the goodput scorer
+and the long-prompt offload all read), and SLO admission's arithmetic: the TPOT a backend is held
+to, and how soon one past it will be back under it. Pure.
 
 Every prompt a backend prefills stretches the decode steps of every reply running there
-(routing/ttft.py), so past a point one more request makes all of them slow. The Dispatcher
-(routing/dispatch.py) lets a backend take a request only while the replies decoding there are
-predicted to stay within the TPOT SLO with it there (`Prediction.tpot_others_s`: its prefill
-stall and its KV read included), and refuses what no backend can take with a Retry-After of
-`recovery_s`.
+(routing/ttft.py), so past a point one more request makes all of them slow. SLO admission
+(routing/scheduling/admission.py) lets a backend take a request only while the replies decoding
+there are predicted to stay within the TPOT SLO with it there (`Prediction.tpot_others_s`: its
+prefill stall and its KV read included), and the Dispatcher refuses what no backend can take
+with a Retry-After of `recovery_s`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from routing.ttft import PREFILL_RATE_TAU_S, Prediction
+
+DEFAULT_TTFT_S = 1.0  # the usual time-to-first-token SLO
+DEFAULT_TPOT_S = 0.05  # the usual time-per-output-token SLO
+
+
+@dataclass(frozen=True, slots=True)
+class SloTargets:
+    """What a request must get to count as served well: its first token within `ttft_s` and
+    its reply at `tpot_s` per token or faster."""
+
+    ttft_s: float = DEFAULT_TTFT_S
+    tpot_s: float = DEFAULT_TPOT_S
+
+    def __post_init__(self) -> None:
+        if not (self.ttft_s > 0.0 and self.tpot_s > 0.0):
+            raise ValueError("the SLO targets must be > 0")
 
 # A backend that cannot meet the TPOT SLO even alone is held to this many times its idle TPOT.
 SLOW_BACKEND_FACTOR = 2.0

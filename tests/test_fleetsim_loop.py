@@ -15,7 +15,7 @@ from loadtest.fleetsim.results import Slo, summarize
 from loadtest.fleetsim.trace import load_trace
 from loadtest.workloads import WorkItem, schedule, workload
 from routing.dispatch import DispatchConfig
-from routing.policy import policy_names
+from routing.policies import policy_names
 
 FLEET = parse_fleet("2xllama-3-8b-h100,1xllama-3-8b-l40s")
 DURATION = 6.0
@@ -61,7 +61,7 @@ def test_an_overloaded_gateway_queue_rejects_and_still_conserves_requests() -> N
     # it would refuse most of them first, for the TPOT their prefills would cost.)
     items = load_trace(json.dumps({"arrival_s": i / 300, "prompt_tokens": 6000,
                                    "output_tokens": 300}) for i in range(300))
-    tight = DispatchConfig(queue_max_depth=4, queue_timeout_s=0.5, tpot_slo_s=None)
+    tight = DispatchConfig(queue_max_depth=4, queue_timeout_s=0.5, slo_admission=False)
     out = _run(items, policy="cost", admission=True, dispatch=tight, scrape_interval_s=100.0,
                max_snapshot_age_s=1000.0)
     codes = {r.rejected for r in out.requests}
@@ -150,12 +150,12 @@ def test_past_the_fleets_slo_capacity_slo_admission_sheds_the_excess_and_raises_
     # in. A property of every schedule, so it holds seed by seed.
     items = schedule(workload("mixed"), rate=30.0, duration_s=20.0, seed=seed)
 
-    def run(tpot_slo_s: float | None) -> RunOutcome:
-        return simulate(items, FLEET, SimConfig(policy="cost", admission=True,
-                                                dispatch=DispatchConfig(tpot_slo_s=tpot_slo_s)),
+    def run(slo_admission: bool) -> RunOutcome:
+        config = DispatchConfig(slo_admission=slo_admission)
+        return simulate(items, FLEET, SimConfig(policy="cost", admission=True, dispatch=config),
                         duration_s=20.0)
 
-    gated, open_door = run(0.05), run(None)
+    gated, open_door = run(True), run(False)
     for out in (gated, open_door):
         _check_conservation(items, out)
     assert {r.rejected for r in gated.requests} == {None, "over_slo"}

@@ -189,7 +189,7 @@ async def test_a_client_that_hangs_up_while_queued_is_never_sent_to_a_backend() 
 
 
 @asynccontextmanager
-async def slo_rig(**routing: Any) -> AsyncIterator[tuple[str, str, aiohttp.ClientSession]]:
+async def slo_rig(**slo: Any) -> AsyncIterator[tuple[str, str, aiohttp.ClientSession]]:
     """A gateway with the strictest TPOT SLO in front of one simulator, after one streamed
     request: its first token and its TPOT are the backend's first speed readings (the gate
     waits for them). A backend is then held to twice its own idle TPOT, which it passes once
@@ -197,8 +197,7 @@ async def slo_rig(**routing: Any) -> AsyncIterator[tuple[str, str, aiohttp.Clien
     async with running_sim(time_scale=1.0) as sim:
         settings = Settings.model_validate({
             "server": {"port": 0}, "backends": [{"url": sim}],
-            "routing": {"poll_interval_s": 0.05, "tpot_slo_s": 0.001, "slo_wait_s": 0,
-                        **routing},
+            "routing": {"poll_interval_s": 0.05}, "slo": {"tpot_s": 0.001, **slo},
         })
         async with running_gateway(settings) as gateway, aiohttp.ClientSession() as http:
             async with http.post(gateway + "/v1/chat/completions",
@@ -241,7 +240,7 @@ async def test_past_the_tpot_slo_the_excess_is_refused_429_over_slo_and_never_se
 async def test_past_the_tpot_slo_a_class_at_or_above_slo_exempt_priority_is_still_served(
 ) -> None:
     # The same burst of class 0, then class 1 (exempt): class 0 is shed, class 1 all served.
-    async with slo_rig(slo_exempt_priority=1) as (gateway, _, http):
+    async with slo_rig(exempt_priority=1) as (gateway, _, http):
         free = [post(http, gateway, long_prompt(f"free {i}")) for i in range(20)]
         paid = [post(http, gateway, long_prompt(f"paid {i}"), {"x-kvgate-priority": "1"})
                 for i in range(6)]

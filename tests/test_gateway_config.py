@@ -9,8 +9,9 @@ from pathlib import Path
 import pydantic
 import pytest
 
+from gateway.backend_settings import normalise_backend_url
 from gateway.cli import UsageError, main
-from gateway.config import Settings, load_settings, normalise_backend_url
+from gateway.config import Settings, load_settings
 
 FULL = """
 server:
@@ -37,10 +38,12 @@ model_aliases:
 routing:
   policy: round_robin
   poll_interval_s: 0.5
-  poll_group_size: 16
-  full_scrape_interval_s: 2.5
   max_snapshot_age_s: 2
   failure_threshold: 5
+slo: {ttft_s: 2, tpot_s: 0.04}
+advanced:
+  poll_group_size: 16
+  full_scrape_interval_s: 2.5
 """
 
 
@@ -55,8 +58,9 @@ def test_a_full_file_loads_into_typed_settings(tmp_path: Path) -> None:
     assert settings.server.port == 9000 and settings.server.host == "0.0.0.0"
     assert settings.model_aliases == {"gpt-4o": "llama-3-8b"}
     assert settings.routing.failure_threshold == 5
-    assert settings.routing.poll_group_size == 16
-    assert settings.routing.full_scrape_interval_s == 2.5
+    assert settings.advanced.poll_group_size == 16
+    assert settings.advanced.full_scrape_interval_s == 2.5
+    assert (settings.slo.ttft_s, settings.slo.tpot_s) == (2.0, 0.04)
     specs = settings.backend_specs()
     assert [s.id for s in specs] == ["gpu-a", "b1", "b2"]  # unnamed backends get b<position>
     assert specs[0].metrics_format == "vllm" and specs[0].weight == 2.0
@@ -71,8 +75,9 @@ def test_defaults_without_file() -> None:
     assert settings.server.port == 8000
     assert settings.server.max_body_bytes == 32 * 1024 * 1024
     assert settings.routing.policy == "cost"
-    assert (settings.routing.tpot_slo_s, settings.routing.slo_wait_s) == (0.05, 0.0)
-    assert settings.routing.slo_exempt_priority is None  # every class is gated
+    assert (settings.slo.ttft_s, settings.slo.tpot_s, settings.slo.admission) == (1.0, 0.05, True)
+    assert settings.advanced.slo_wait_s == 0.0
+    assert settings.slo.exempt_priority is None  # every class is gated
     assert settings.routing.offload_long_prompts
     assert settings.backends == ()
 
@@ -92,14 +97,20 @@ def test_settings_are_frozen() -> None:
         pytest.param("backends: [{url: 'http://h:99999'}]\n", "backends.0.url", id="bad port"),
         pytest.param("server: {port: many}\n", "server.port", id="wrong type"),
         pytest.param("routing: {policy: nope}\n", "routing.policy", id="unknown policy"),
-        pytest.param("routing: {poll_group_size: 0}\n", "routing.poll_group_size",
+        pytest.param("advanced: {poll_group_size: 0}\n", "advanced.poll_group_size",
                      id="empty poll group"),
-        pytest.param("routing: {tpot_slo_s: 0}\n", "routing.tpot_slo_s", id="zero TPOT SLO"),
-        pytest.param("routing: {slo_wait_s: -1}\n", "routing.slo_wait_s", id="negative SLO wait"),
-        pytest.param("routing: {slo_exempt_priority: high}\n", "routing.slo_exempt_priority",
+        pytest.param("slo: {tpot_s: 0}\n", "slo.tpot_s", id="zero TPOT SLO"),
+        pytest.param("slo: {ttft_s: -1}\n", "slo.ttft_s", id="negative TTFT SLO"),
+        pytest.param("advanced: {slo_wait_s: -1}\n", "advanced.slo_wait_s",
+                     id="negative SLO wait"),
+        pytest.param("slo: {exempt_priority: high}\n", "slo.exempt_priority",
                      id="non-integer exempt priority"),
-        pytest.param("routing: {full_scrape_interval_s: 0}\n",
-                     "routing.full_scrape_interval_s", id="no full scrape interval"),
+        pytest.param("advanced: {full_scrape_interval_s: 0}\n",
+                     "advanced.full_scrape_interval_s", id="no full scrape interval"),
+        pytest.param("advanced: {offload: {ratio: 0}}\n", "advanced.offload.ratio",
+                     id="a plugin parameter out of range"),
+        pytest.param("routing: {tpot_slo_s: 0.05}\n", "routing.tpot_slo_s",
+                     id="the SLO lives in the slo section"),
         pytest.param("backends: [{url: 'http://h', metrics_format: x}]\n",
                      "backends.0.metrics_format", id="unknown metrics format"),
         pytest.param("backends: [{url: 'http://a', id: x}, {url: 'http://b', id: x}]\n",

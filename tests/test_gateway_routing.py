@@ -153,10 +153,10 @@ def test_routing_defaults() -> None:
 
 @pytest.mark.parametrize(
     ("environ", "names"),
-    [({"KVGATE_ROUTING__WEIGHTS": '{"queue": 1}'}, "routing.weights"),
-     ({"KVGATE_ROUTING__POLICY": "kv_util", "KVGATE_ROUTING__WEIGHTS": '{"ttft": 1}'},
-      "routing.weights"),
-     ({"KVGATE_ROUTING__WEIGHTS": '{"ttft": -1}'}, "routing.weights"),
+    [({"KVGATE_ADVANCED__WEIGHTS": '{"queue": 1}'}, "advanced.weights"),
+     ({"KVGATE_ROUTING__POLICY": "kv_util", "KVGATE_ADVANCED__WEIGHTS": '{"ttft": 1}'},
+      "advanced.weights"),
+     ({"KVGATE_ADVANCED__WEIGHTS": '{"ttft": -1}'}, "advanced.weights"),
      ({"KVGATE_ROUTING__HIGH_WATER": "1.5"}, "routing.high_water"),
      ({"KVGATE_ROUTING__QUEUE__TIMEOUT_S": "0"}, "routing.queue.timeout_s"),
      ({"KVGATE_ROUTING__QUEUE__MAX_PER_TENANT": "0"}, "routing.queue.max_per_tenant")],

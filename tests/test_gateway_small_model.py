@@ -25,6 +25,7 @@ SMALL = PRESETS[SMALL_PRESET].model_name
 @asynccontextmanager
 async def gateway(mode: str = "easy", *, with_small: bool = True, cache: bool = False,
                   time_scale: float = 20.0, routing: dict[str, Any] | None = None,
+                  slo: dict[str, Any] | None = None,
                   large_blocks: int | None = None
                   ) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
     async with AsyncExitStack() as stack:
@@ -36,7 +37,7 @@ async def gateway(mode: str = "easy", *, with_small: bool = True, cache: bool = 
                 running_sim(preset=SMALL_PRESET, time_scale=20.0, seed=1))})
         settings = Settings.model_validate({
             "server": {"port": 0}, "backends": backends,
-            "routing": {"poll_interval_s": 0.05, **(routing or {})},
+            "routing": {"poll_interval_s": 0.05, **(routing or {})}, "slo": slo or {},
             "small_model": [{"alias": "auto", "large": LARGE, "small": SMALL, "mode": mode}],
             "cache": {"enabled": cache},
         })
@@ -145,8 +146,9 @@ async def test_overflow_sends_an_easy_request_the_large_model_refuses_to_the_sma
     # The large backend's KV holds 42 blocks; the first request will hold 36 at its peak, so
     # nothing more fits under the 0.9 high-water mark, and with no gateway queue the large
     # model refuses (429 queue_full) while its KV, as scraped, is still mostly free.
-    routing = {"queue": {"max_depth": 0}, "tpot_slo_s": None}
-    async with gateway("overflow", time_scale=1.0, routing=routing, large_blocks=42) as (
+    routing = {"queue": {"max_depth": 0}}
+    async with gateway("overflow", time_scale=1.0, routing=routing, slo={"admission": False},
+                       large_blocks=42) as (
             url, http):
         long = {"model": LARGE, "stream": True, "max_tokens": 560, "ignore_eos": True,
                 "messages": [{"role": "user", "content": "Write a long story."}]}

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import loadtest.fleetsim.loop as loop
 from loadtest.split_frontier import PoolSplit, main
-from routing.policy import RouteRequest, build_router
+from routing.policies import build_router
+from routing.scheduling.cycle import CycleState
 from routing.state import BackendSpec, Candidate
+from tests.test_routing_scorers import cost
 
 POOL = frozenset({"slow1", "slow2"})
 
@@ -23,11 +25,15 @@ def cand(backend_id: str) -> Candidate:
 FLEET = [cand("fast1"), cand("fast2"), cand("slow1"), cand("slow2")]
 
 
+def request(prompt_tokens: int = 1) -> CycleState:
+    return CycleState("m", cost(prompt=prompt_tokens))
+
+
 def sides(split: PoolSplit, prompt_tokens: int, n: int = 2000) -> list[bool]:
     """For each of n requests: True when it was given the pool's side only."""
     out = []
     for _ in range(n):
-        kept = {c.id for c in split.filter(RouteRequest("m", prompt_tokens=prompt_tokens), FLEET)}
+        kept = {c.id for c in split.filter(request(prompt_tokens), FLEET)}
         assert kept in ({"slow1", "slow2"}, {"fast1", "fast2"}, {c.id for c in FLEET})
         out.append(kept == POOL)
     return out
@@ -43,7 +49,7 @@ def test_a_share_of_requests_whatever_their_size_is_drawn_into_the_pool() -> Non
 def test_prompts_outside_min_prompt_to_max_prompt_are_not_split() -> None:
     split = PoolSplit(POOL, 0.5, random.Random(1), min_prompt=100, max_prompt=1024)
     for outside in (99, 1025):
-        full = {c.id for c in split.filter(RouteRequest("m", prompt_tokens=outside), FLEET)}
+        full = {c.id for c in split.filter(request(outside), FLEET)}
         assert full == {c.id for c in FLEET}
     assert any(sides(split, 100, 50)) and any(sides(split, 1024, 50))
 
@@ -51,7 +57,7 @@ def test_prompts_outside_min_prompt_to_max_prompt_are_not_split() -> None:
 def test_when_the_side_drawn_is_empty_the_policy_sees_every_candidate() -> None:
     split = PoolSplit(POOL, 1.0, random.Random(1))
     fast_only = [c for c in FLEET if c.id not in POOL]
-    assert split.filter(RouteRequest("m"), fast_only) == fast_only
+    assert split.filter(request(), fast_only) == fast_only
 
 
 def test_the_same_command_gives_the_same_numbers(tmp_path: Path) -> None:

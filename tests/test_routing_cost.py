@@ -141,22 +141,6 @@ def test_max_tokens_bounds_the_expected_output(
     assert cost.output_mean <= (max_tokens or math.inf)
 
 
-@pytest.mark.parametrize("k", [10, 100, 300, 1000], ids=lambda k: f"after-{k}-tokens")
-def test_survival_is_the_share_of_replies_still_running_after_k_tokens(k: int) -> None:
-    rng = random.Random(5)
-    samples = [lognormal(rng, 200, 1.0) for _ in range(6000)]
-    hist = learned(samples).lengths(MODEL)
-    recent = samples[-1500:]
-    share = sum(1 for n in recent if n > k) / len(recent)
-    assert hist.survival(k) == pytest.approx(share, abs=0.05)
-
-
-def test_no_reply_is_still_running_past_the_longest_seen() -> None:
-    hist = learned([100] * 2000, prior_weight=1e-9).lengths(MODEL)
-    survival = [hist.survival(k) for k in (0, 80, 130)]
-    assert survival == pytest.approx([1.0, 1.0, 0.0], abs=1e-9)
-
-
 def test_inflight_growth_matches_a_simulation_of_running_sequences() -> None:
     # Two kinds of replies: short and long, equally frequent. A sequence found running is
     # length-biased and uniformly far into its reply; it grows by min(remaining, horizon).

@@ -30,7 +30,7 @@ from routing.dispatch import (
     Waiting,
 )
 from routing.fleet import Fleet
-from routing.policy import PolicyContext, build_router
+from routing.policies import PolicyContext, build_router
 from routing.state import BackendSnapshot, BackendSpec
 from routing.ttft import BackendProfile
 
@@ -270,8 +270,8 @@ def test_prompts_sent_to_a_backend_count_as_its_prefill_load_until_they_age_out(
 def test_tpot_feedback_is_learned_with_the_prefill_stretch_taken_out() -> None:
     # Same observed TPOT; where prefills were taking time, the bare decode step is faster.
     # (SLO admission off: these TPOTs are at the SLO, and the loaded one would start refusing.)
-    quiet = dispatcher(make_fleet(a=(100_000, 100_000)), tpot_slo_s=None)
-    loaded = dispatcher(make_fleet(a=(100_000, 100_000)), tpot_slo_s=None)
+    quiet = dispatcher(make_fleet(a=(100_000, 100_000)), slo_admission=False)
+    loaded = dispatcher(make_fleet(a=(100_000, 100_000)), slo_admission=False)
     for i in range(50):
         t = float(i)
         placed(loaded.submit(job(f"long{i}", LONG), t))
@@ -536,7 +536,7 @@ def test_a_backend_is_not_gated_before_its_first_speed_reading() -> None:
 
 
 def test_without_slo_admission_the_same_flood_is_all_dispatched() -> None:
-    d = dispatcher(make_fleet(a=(100_000, 100_000)), tpot_slo_s=None)
+    d = dispatcher(make_fleet(a=(100_000, 100_000)), slo_admission=False)
     for i in range(20):
         placed(d.submit(job(f"long{i}", f"{i} {LONG}"), 0.0))
 

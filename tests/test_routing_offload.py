@@ -1,6 +1,7 @@
-"""Long prompts to slower backends (routing/offload.py): a prompt much longer than the recent ones
-goes to a slower backend that can still start it soon and keep its replies within the TPOT
-target; short prompts, one-speed fleets and workloads of one size are left alone."""
+"""Long prompts to slower backends (routing/scheduling/offload.py): a prompt much longer than the
+recent ones goes to a slower backend that can still start it soon and keep its replies within
+the TPOT SLO; short prompts, one-speed fleets and workloads of one size are left alone. The
+filter only reads; the window of recent sizes learns from dispatched requests."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from collections.abc import Mapping
 
 import pytest
 
-from routing.context import RouteContext
 from routing.cost import RequestCost
-from routing.offload import MIN_SEEN, PrefillOffloadFilter, RecentSizes
-from routing.policy import RouteRequest
+from routing.policy import Decision
+from routing.scheduling.cycle import CycleState
+from routing.scheduling.offload import OffloadParams, PrefillOffloadFilter, RecentSizes
+from routing.slo import SloTargets
 from routing.state import BackendSpec, Candidate
 from routing.ttft import Prediction
+
+MIN_SEEN = OffloadParams().min_seen
 
 FAST, SLOW = 0.006, 0.023  # bare decode steps: an H100 and an L40S serving an 8B model
 
@@ -38,11 +42,12 @@ def pred(*, idle: float, prefill_s: float, ttft_s: float = 0.1, tpot_s: float = 
                       tpot_others_s=tpot_s if others_s is None else others_s)
 
 
-def request(predictions: Mapping[str, Prediction]) -> RouteRequest:
-    return RouteRequest("m", context=RouteContext(cost=cost(), predictions=predictions))
-
-
 POOL = [cand("h1"), cand("h2"), cand("l1"), cand("l2")]
+
+
+def request(predictions: Mapping[str, Prediction]) -> CycleState:
+    return CycleState("m", cost(), predictions=predictions, pool=POOL,
+                      admissible=frozenset(c.id for c in POOL))
 
 
 def usual(prefill_s: float = 0.01) -> dict[str, Prediction]:
@@ -56,8 +61,17 @@ def usual(prefill_s: float = 0.01) -> dict[str, Prediction]:
 def warmed(filt: PrefillOffloadFilter, n: int = MIN_SEEN) -> PrefillOffloadFilter:
     """`n` prompts of the usual size seen: each one stays where the scores send it."""
     for _ in range(n):
-        assert filt.filter(request(usual()), POOL) == POOL
+        cycle = request(usual())
+        assert filt.filter(cycle, POOL) == POOL
+        filt.dispatched(cycle, Decision(POOL[0], "cost", "test"))
     return filt
+
+
+def test_the_filter_learns_nothing_by_itself() -> None:
+    filt = PrefillOffloadFilter()
+    for _ in range(2 * MIN_SEEN):
+        filt.filter(request(usual()), POOL)
+    assert not filt.is_long("m", 1.0)  # no size seen: nothing is long yet
 
 
 def ids(candidates: list[Candidate]) -> list[str]:
@@ -84,6 +98,7 @@ def test_a_workload_of_one_size_is_left_alone() -> None:
     filt = warmed(PrefillOffloadFilter())
     for _ in range(10):
         assert filt.filter(request(usual()), POOL) == POOL
+        filt.dispatched(request(usual()), Decision(POOL[0], "cost", "test"))
 
 
 def test_a_prompt_whose_history_a_backend_holds_is_not_long() -> None:
@@ -95,14 +110,14 @@ def test_a_prompt_whose_history_a_backend_holds_is_not_long() -> None:
 
 
 def test_only_slower_backends_that_start_it_within_the_budget_take_it() -> None:
-    filt = warmed(PrefillOffloadFilter(ttft_budget_s=0.3))
+    filt = warmed(PrefillOffloadFilter(params=OffloadParams(ttft_budget_s=0.3)))
     long = usual(0.05)
     long["l1"] = pred(idle=SLOW, prefill_s=0.15, ttft_s=0.31)
     assert ids(filt.filter(request(long), POOL)) == ["l2"]
 
 
 def test_a_slower_backend_it_would_push_past_the_tpot_target_does_not_take_it() -> None:
-    filt = warmed(PrefillOffloadFilter(tpot_target_s=0.05))
+    filt = warmed(PrefillOffloadFilter(SloTargets(tpot_s=0.05)))
     long = usual(0.05)
     long["l1"] = pred(idle=SLOW, prefill_s=0.15, others_s=0.051)  # its replies'
     long["l2"] = pred(idle=SLOW, prefill_s=0.15, tpot_s=0.051)  # its own
@@ -123,7 +138,8 @@ def test_recent_sizes_keep_the_median_of_the_last_window() -> None:
     assert len(sizes) == 3 and sizes.median() == 7.0
 
 
-@pytest.mark.parametrize("bad", [{"ratio": 0.0}, {"ttft_budget_s": -1.0}, {"window": 0}])
+@pytest.mark.parametrize("bad", [{"ratio": 0.0}, {"ttft_budget_s": -1.0}, {"window": 0},
+                                 {"slower_factor": 0.0}])
 def test_bad_parameters_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
-        PrefillOffloadFilter(**bad)  # type: ignore[arg-type]
+        OffloadParams(**bad)  # type: ignore[arg-type]

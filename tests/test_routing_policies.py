@@ -7,11 +7,18 @@ from collections import Counter
 
 import pytest
 
-from routing.context import RouteContext
-from routing.policies import DEFAULT_POLICY, POLICIES, scorer_names
-from routing.policy import PolicyContext, Router, RouteRequest, build_router, policy_names
+from routing.policies import (
+    DEFAULT_POLICY,
+    POLICIES,
+    PolicyContext,
+    build_router,
+    policy_names,
+    scorer_names,
+)
+from routing.policy import Router
+from routing.scheduling.cycle import CycleState
 from routing.state import Candidate
-from tests.test_routing_scorers import PROMPT, cand, context_for, cost, tpot_pred
+from tests.test_routing_scorers import PROMPT, cand, context_for, tpot_pred
 
 ALL = ("cost", "kv_util", "least_request", "power_of_two", "prefix_hash", "random",
        "round_robin")
@@ -21,8 +28,8 @@ def router(name: str, seed: int = 0, **weights: float) -> Router:
     return build_router(name, PolicyContext(rng=random.Random(seed), weights=weights))
 
 
-def pick(r: Router, pool: list[Candidate], ctx: RouteContext | None = None) -> str:
-    return r.route(RouteRequest(model="m", context=ctx), pool).backend_id
+def pick(r: Router, pool: list[Candidate], ctx: CycleState | None = None) -> str:
+    return r.route(ctx or context_for(pool), pool).backend_id
 
 
 def test_every_policy_of_the_issue_is_registered_and_cost_is_the_default() -> None:
@@ -75,7 +82,8 @@ def test_cost_sends_a_request_away_from_a_fast_backend_it_would_push_past_the_tp
     pool = [cand("fast"), cand("roomy")]
     predictions = {"fast": tpot_pred(55, 45, 60, ttft_ms=20),
                    "roomy": tpot_pred(31, 30, 10, ttft_ms=60)}
-    ctx = RouteContext(cost=cost(), predictions=predictions, best_ttft_s=0.02)
+    ctx = context_for(pool)
+    ctx.predictions = predictions
     assert pick(router("cost"), pool, ctx) == "roomy"
     assert pick(router("cost", goodput=0.0), pool, ctx) == "fast"
 

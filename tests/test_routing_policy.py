@@ -1,30 +1,24 @@
-"""Routing: filters → scorers → picker composed by a Router, and the round_robin policy."""
+"""Routing: filters → scorers → picker composed by a Router, and the round_robin policy. Scorers
+score the whole list; only the Router clamps and weights."""
 
 from __future__ import annotations
 
 import math
 import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import pytest
 
-from routing.policy import (
-    Decision,
-    HealthyFilter,
-    MaxScorePicker,
-    NoCandidate,
-    PolicyContext,
-    RoundRobinPicker,
-    Router,
-    RouteRequest,
-    Weighted,
-    build_router,
-    policy_names,
-)
+from routing.policies import PolicyContext, build_router, policy_names
+from routing.policy import Decision, NoCandidate, Router, Weighted
+from routing.scheduling.cycle import CycleState
+from routing.scheduling.filters import HealthyFilter
+from routing.scheduling.pickers import MaxScorePicker, RoundRobinPicker
 from routing.state import BackendSpec, Candidate
+from tests.test_routing_scorers import cost
 
-REQUEST = RouteRequest(model="m")
+REQUEST = CycleState("m", cost())
 
 
 def cand(backend_id: str, *, healthy: bool = True) -> Candidate:
@@ -44,12 +38,12 @@ class TableScorer:
     def __init__(self, table: Mapping[str, float]) -> None:
         self.table = table
 
-    def score(self, request: RouteRequest, candidate: Candidate) -> float:
-        return self.table[candidate.id]
+    def score(self, cycle: CycleState, candidates: list[Candidate]) -> list[float]:
+        return [self.table[c.id] for c in candidates]
 
 
 class DropAll:
-    def filter(self, request: RouteRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
+    def filter(self, cycle: CycleState, candidates: list[Candidate]) -> list[Candidate]:
         return []
 
 

@@ -494,7 +494,8 @@ async def test_the_gateway_asks_for_every_name_as_often_as_configured(
         settings = Settings.model_validate({
             "server": {"port": 0},
             "backends": [{"url": url, "metrics_format": "vllm"}],
-            "routing": {"poll_interval_s": 0.02, "full_scrape_interval_s": full_s},
+            "routing": {"poll_interval_s": 0.02},
+            "advanced": {"full_scrape_interval_s": full_s},
         })
         async with running_gateway(settings):
             await eventually(lambda: len(recorder.queries) >= 12, "a dozen scrapes")

@@ -1,18 +1,20 @@
-"""Measuring a backend the gateway knows too little about (routing/probe.py): while a backend's
-speed rests on fewer than BOOTSTRAP_TPOTS replies, an idle one gets the next request that can show
-its speed and that it would still serve soon; busy, measured or cold-start fleets are left
-alone."""
+"""Measuring a backend the gateway knows too little about (routing/scheduling/probe.py): while a
+backend's speed rests on fewer than BOOTSTRAP_TPOTS replies, an idle one gets the next request
+that can show its speed and that it would still serve soon; busy, measured or cold-start fleets
+are left alone. The filter only reads; the probes sent are counted once dispatched."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 
 import pytest
 
-from routing.context import RouteContext
 from routing.jobs import WHOLE_ANSWER_MIN_TOKENS
-from routing.policy import RouteRequest
-from routing.probe import DEFAULT_MAX_PROBES, SpeedProbeFilter
+from routing.policy import Router
+from routing.scheduling.cycle import CycleState
+from routing.scheduling.pickers import MaxScorePicker
+from routing.scheduling.probe import ProbeParams, SpeedProbeFilter
 from routing.state import BackendSpec, Candidate
 from routing.ttft import BOOTSTRAP_TPOTS, Prediction
 from tests.test_routing_offload import cost  # a request; its size does not matter here
@@ -28,13 +30,14 @@ def pred(ttft_s: float = 0.05) -> Prediction:
 
 
 def request(measured: Mapping[str, int], *, stream: bool = True, max_tokens: int | None = None,
-            ttft_s: Mapping[str, float] | None = None) -> RouteRequest:
+            ttft_s: Mapping[str, float] | None = None) -> CycleState:
     ttft_s = ttft_s or {}
     predictions = {b: pred(ttft_s.get(b, 0.05)) for b in ("h1", "h2", "l1", "l2")}
-    return RouteRequest("m", stream=stream, max_tokens=max_tokens, context=RouteContext(
-        cost=cost(), predictions=predictions, measured=measured))
+    return CycleState("m", cost(), stream=stream, max_tokens=max_tokens,
+                      predictions=predictions, measured=measured)
 
 
+MAX_PROBES = ProbeParams().max_probes
 MEASURED = {"h1": 40, "h2": 40, "l1": 3, "l2": 5}
 
 
@@ -89,16 +92,26 @@ def test_a_whole_answer_too_short_to_show_the_speed_is_not_a_probe() -> None:
 
 def test_a_backend_is_probed_at_most_max_probes_times() -> None:
     filt = SpeedProbeFilter()
+    router = Router("t", picker=MaxScorePicker(random.Random(0)), filters=(filt,), hooks=(filt,))
     pool = [cand("h1"), cand("h2"), cand("l1")]
     measured = {"h1": 40, "h2": 40, "l1": 0}  # its streams never yield a TPOT
-    for _ in range(DEFAULT_MAX_PROBES):
-        assert ids(filt.filter(request(measured), pool)) == ["l1"]
-    assert filt.probes_sent("l1") == DEFAULT_MAX_PROBES
-    assert filt.filter(request(measured), pool) == pool
+    for _ in range(MAX_PROBES):
+        cycle = request(measured)
+        decision = router.route(cycle, pool)
+        assert decision.backend_id == "l1"
+        router.dispatched(cycle, decision)
+    assert filt.filter(request(measured), pool) == pool  # probed enough
+
+
+def test_the_filter_counts_nothing_by_itself() -> None:
+    filt = SpeedProbeFilter()
+    pool = [cand("h1"), cand("h2"), cand("l1")]
+    for _ in range(MAX_PROBES + 1):  # never dispatched: never counted, still a probe
+        assert ids(filt.filter(request({"h1": 40, "h2": 40, "l1": 0}), pool)) == ["l1"]
 
 
 @pytest.mark.parametrize("kwargs", [{"replies_needed": 0}, {"max_probes": 0},
                                     {"ttft_budget_s": 0.0}])
 def test_bad_parameters_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
-        SpeedProbeFilter(**kwargs)  # type: ignore[arg-type]
+        ProbeParams(**kwargs)  # type: ignore[arg-type]

@@ -1,4 +1,5 @@
-"""Filters, scorers and pickers, one rule per row: what each rewards, what each drops."""
+"""Filters, scorers and pickers, one rule per row: what each rewards, what each drops. Scorers
+see the whole list at once; a score is a function of the cycle state and the candidate."""
 
 from __future__ import annotations
 
@@ -9,28 +10,32 @@ from dataclasses import replace
 
 import pytest
 
-from routing.context import RouteContext, build_context, kv_utilization, queue_depth
+from routing.backend_work import BackendWork
 from routing.cost import RequestCost
-from routing.policy import RouteRequest, Scored
+from routing.load import kv_utilization, queue_depth
+from routing.policy import Scored, Scorer
+from routing.predict import predict
 from routing.prefix import prefix_chain
-from routing.scorers import (
-    UNKNOWN_KV_SCORE,
-    GoodputScorer,
-    HighWaterFilter,
-    KvUtilizationScorer,
-    LeastRequestScorer,
-    PowerOfTwoPicker,
-    PreemptionScorer,
-    PrefillLoadScorer,
+from routing.scheduling.admission import kv_admissible
+from routing.scheduling.affinity import (
     PrefixAffinityScorer,
     PrefixHashScorer,
-    QueueScorer,
-    RandomPicker,
     SessionAffinityScorer,
-    TtftScorer,
 )
+from routing.scheduling.cycle import CycleState
+from routing.scheduling.filters import HighWaterFilter
+from routing.scheduling.goodput import GoodputScorer
+from routing.scheduling.latency import PreemptionScorer, PrefillLoadScorer, TtftScorer
+from routing.scheduling.load_scorers import (
+    UNKNOWN_KV_SCORE,
+    KvUtilizationScorer,
+    LeastRequestScorer,
+    QueueScorer,
+)
+from routing.scheduling.pickers import PowerOfTwoPicker, RandomPicker
+from routing.slo import SloTargets
 from routing.state import BackendSnapshot, BackendSpec, Candidate
-from routing.ttft import BackendProfile, BackendWork, Prediction, predict
+from routing.ttft import BackendProfile, Prediction
 
 PROFILE = BackendProfile()
 TOTAL = 1000
@@ -59,16 +64,24 @@ def cand(backend_id: str, *, free: int | None = TOTAL, total: int | None = TOTAL
 
 def context_for(pool: list[Candidate], request: RequestCost | None = None, *,
                 matched: Mapping[str, int] | None = None, session_backend: str | None = None,
-                prompt: str = "") -> RouteContext:
+                prompt: str = "") -> CycleState:
+    """The cycle state the Dispatcher would build for `pool` (predictions at PROFILE)."""
     request = request or cost()
     predictions = {c.id: predict(c, request, 0, PROFILE) for c in pool}
     chain = prefix_chain(prompt, model="m") if prompt else None
-    return build_context(pool, request, predictions=predictions, chain=chain,
-                         matched_blocks=matched or {}, session_backend=session_backend)
+    return CycleState("m", request, chain=chain, session_backend=session_backend,
+                      predictions=predictions, matched=matched or {}, pool=pool,
+                      admissible=frozenset(c.id for c in pool if kv_admissible(predictions[c.id])))
 
 
-def routed(ctx: RouteContext | None) -> RouteRequest:
-    return RouteRequest(model="m", context=ctx)
+def bare(predictions: Mapping[str, Prediction] | None = None) -> CycleState:
+    """A cycle with nothing but the given predictions (no chain, no pool)."""
+    return CycleState("m", cost(), predictions=predictions or {})
+
+
+def one(scorer: Scorer, cycle: CycleState, candidate: Candidate) -> float:
+    """`candidate`'s score, scored alone."""
+    return scorer.score(cycle, [candidate])[0]
 
 
 # HighWaterFilter
@@ -86,13 +99,13 @@ def routed(ctx: RouteContext | None) -> RouteRequest:
 )
 def test_high_water_filter(frees: dict[str, int], kept: list[str]) -> None:
     pool = [cand(b, free=f) for b, f in frees.items()]
-    survivors = HighWaterFilter().filter(routed(context_for(pool)), pool)
+    survivors = HighWaterFilter().filter(context_for(pool), pool)
     assert [c.id for c in survivors] == kept
 
 
 def test_a_backend_of_unknown_kv_capacity_is_not_filtered() -> None:
     pool = [cand("a", free=None, total=None), cand("b", free=1000)]
-    survivors = HighWaterFilter().filter(routed(context_for(pool)), pool)
+    survivors = HighWaterFilter().filter(context_for(pool), pool)
     assert [c.id for c in survivors] == ["a", "b"]
 
 
@@ -103,7 +116,7 @@ def test_a_backend_at_high_preemption_risk_is_filtered() -> None:
     pool = [cand("a", free=1000), cand("b", free=600, running=50)]
     ctx = context_for(pool, risky)
     assert ctx.predictions["b"].fits and ctx.predictions["b"].preemption_risk > 0.5
-    assert [c.id for c in HighWaterFilter().filter(routed(ctx), pool)] == ["a"]
+    assert [c.id for c in HighWaterFilter().filter(ctx, pool)] == ["a"]
 
 
 # TtftScorer and PreemptionScorer
@@ -111,25 +124,25 @@ def test_a_backend_at_high_preemption_risk_is_filtered() -> None:
 def test_ttft_scorer_gives_1_to_the_fastest_and_less_the_longer_the_predicted_ttft() -> None:
     pool = [cand("fast"), cand("queue4", waiting=4), cand("queue10", waiting=10)]
     ctx = context_for(pool)
-    scores = {c.id: TtftScorer().score(routed(ctx), c) for c in pool}
+    scores = {c.id: one(TtftScorer(), ctx, c) for c in pool}
     assert scores["fast"] == 1.0
     assert 1.0 > scores["queue4"] > scores["queue10"] > 0.0
     # The score is the ratio of the best prediction to this one.
-    ratio = ctx.best_ttft_s / ctx.predictions["queue10"].predicted_ttft_s
+    ratio = ctx.best_ttft_s() / ctx.predictions["queue10"].predicted_ttft_s
     assert scores["queue10"] == pytest.approx(ratio)
 
 
 def test_a_backend_that_can_never_fit_the_prompt_scores_zero_on_ttft() -> None:
     pool = [cand("ok"), cand("tiny", free=10, total=10)]
     ctx = context_for(pool)
-    assert TtftScorer().score(routed(ctx), pool[1]) == 0.0
+    assert one(TtftScorer(), ctx, pool[1]) == 0.0
 
 
 def test_preemption_scorer_is_one_minus_the_risk() -> None:
     pool = [cand("a")]
     fake = Prediction(0, 0, 0, 0, 0.01, 0.3, True, False, 100, 0, 0, "x")
-    ctx = RouteContext(cost=cost(), predictions={"a": fake})
-    assert PreemptionScorer().score(routed(ctx), pool[0]) == pytest.approx(0.7)
+    ctx = bare({"a": fake})
+    assert one(PreemptionScorer(), ctx, pool[0]) == pytest.approx(0.7)
 
 
 @pytest.mark.parametrize(
@@ -147,14 +160,14 @@ def test_prefill_load_scorer_is_the_time_recent_prefills_leave_to_decoding(
     work.dispatched(0.0, 5 * sent_per_s, 0.0, tokens_per_s=1e9)  # one dispatch at t = 0
     pred = predict(cand("a"), cost(prompt=max(1, prompt)), 0,
                    BackendProfile(prefill_tokens_per_s=30_000.0), work=work, now=0.0)
-    ctx = RouteContext(cost=cost(), predictions={"a": pred})
+    ctx = bare({"a": pred})
     # At t = 0 the rate is what was sent over the 5 s window: sent_per_s.
-    assert PrefillLoadScorer().score(routed(ctx), cand("a")) == pytest.approx(
+    assert one(PrefillLoadScorer(), ctx, cand("a")) == pytest.approx(
         score, abs=1e-4)
 
 
 def test_prefill_load_scorer_without_a_prediction_scores_zero() -> None:
-    assert PrefillLoadScorer().score(routed(None), cand("a")) == 0.0
+    assert one(PrefillLoadScorer(), bare(), cand("a")) == 0.0
 
 
 def tpot_pred(after_ms: float, before_ms: float, batch: int, *, others_ms: float | None = None,
@@ -169,8 +182,8 @@ def tpot_pred(after_ms: float, before_ms: float, batch: int, *, others_ms: float
 
 def goodput_score(pred: Prediction, tpot_target_s: float = 0.05,
                   ttft_target_s: float = 1.0) -> float:
-    ctx = RouteContext(cost=cost(), predictions={"a": pred})
-    return GoodputScorer(ttft_target_s, tpot_target_s).score(routed(ctx), cand("a"))
+    ctx = bare({"a": pred})
+    return one(GoodputScorer(SloTargets(ttft_target_s, tpot_target_s)), ctx, cand("a"))
 
 
 @pytest.mark.parametrize(
@@ -217,17 +230,17 @@ def test_goodput_scorer_never_goes_flat_however_many_misses_a_backend_would_caus
     assert goodput_score(tpot_pred(60, 40, 80)) > goodput_score(tpot_pred(60, 40, 160)) > 0.0
 
 
-def test_goodput_scorer_targets_are_configurable() -> None:
+def test_goodput_scorer_targets_are_the_slos() -> None:
     pred = tpot_pred(80, 80, 1)
     assert goodput_score(pred, tpot_target_s=0.2) > 0.95 > goodput_score(pred)
     slow = tpot_pred(5, 5, 1, ttft_ms=3000)
     assert goodput_score(slow, ttft_target_s=10.0) > 0.95 > goodput_score(slow)
     with pytest.raises(ValueError):
-        GoodputScorer(tpot_target_s=0.0)
+        SloTargets(tpot_s=0.0)
 
 
 def test_goodput_scorer_without_a_context_scores_zero() -> None:
-    assert GoodputScorer().score(RouteRequest(model="m"), cand("a")) == 0.0
+    assert one(GoodputScorer(), bare(), cand("a")) == 0.0
 
 
 # Prefix and session affinity
@@ -248,7 +261,7 @@ def test_prefix_affinity(matched: int, inflight: int, bound: float | None,
                          expected: float) -> None:
     pool = [cand("a", inflight=inflight), cand("b", inflight=1), cand("c", inflight=1)]
     ctx = context_for(pool, matched={"a": matched}, prompt=PROMPT)
-    assert PrefixAffinityScorer(bound).score(routed(ctx), pool[0]) == expected
+    assert one(PrefixAffinityScorer(bound), ctx, pool[0]) == expected
 
 
 @pytest.mark.parametrize(("last", "expected"), [("a", 1.0), ("b", 0.0), (None, 0.0)],
@@ -257,7 +270,7 @@ def test_prefix_affinity(matched: int, inflight: int, bound: float | None,
 def test_session_affinity(last: str | None, expected: float) -> None:
     pool = [cand("a"), cand("b")]
     ctx = context_for(pool, session_backend=last)
-    assert SessionAffinityScorer().score(routed(ctx), pool[0]) == expected
+    assert one(SessionAffinityScorer(), ctx, pool[0]) == expected
 
 
 # Load scorers
@@ -266,7 +279,7 @@ def test_session_affinity(last: str | None, expected: float) -> None:
                          ids=["an idle backend scores 1", "one in flight scores one half",
                               "the longest queue gets the lowest score"])
 def test_least_request(inflight: int, expected: float) -> None:
-    assert LeastRequestScorer().score(routed(None), cand("a", inflight=inflight)) == expected
+    assert one(LeastRequestScorer(), bare(), cand("a", inflight=inflight)) == expected
 
 
 @pytest.mark.parametrize(
@@ -277,7 +290,7 @@ def test_least_request(inflight: int, expected: float) -> None:
 def test_queue_scorer_is_min_max_normalised_over_the_pool(backend: str, expected: float) -> None:
     pool = [cand("short", waiting=2), cand("mid", waiting=4, since=2), cand("long", waiting=10)]
     ctx = context_for(pool)
-    assert QueueScorer().score(routed(ctx), next(c for c in pool if c.id == backend)) == expected
+    assert one(QueueScorer(), ctx, next(c for c in pool if c.id == backend)) == expected
 
 
 def test_queue_depth_of_a_stale_backend_is_the_gateways_in_flight_count() -> None:
@@ -297,7 +310,7 @@ def test_queue_depth_of_a_stale_backend_is_the_gateways_in_flight_count() -> Non
 )
 def test_kv_utilization_scorer_is_the_free_fraction(candidate: Candidate,
                                                     expected: float) -> None:
-    assert KvUtilizationScorer().score(routed(None), candidate) == pytest.approx(expected)
+    assert one(KvUtilizationScorer(), bare(), candidate) == pytest.approx(expected)
     if expected != UNKNOWN_KV_SCORE:
         assert kv_utilization(candidate) == pytest.approx(1.0 - expected)
 
@@ -306,7 +319,7 @@ def test_kv_utilization_scorer_is_the_free_fraction(candidate: Candidate,
 
 def hash_pick(pool: list[Candidate], prompt: str, scorer: PrefixHashScorer) -> str:
     ctx = context_for(pool, prompt=prompt)
-    winners = [c.id for c in pool if scorer.score(routed(ctx), c) == 1.0]
+    winners = [c.id for c in pool if one(scorer, ctx, c) == 1.0]
     assert len(winners) == 1
     return winners[0]
 

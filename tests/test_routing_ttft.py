@@ -8,7 +8,10 @@ import random
 
 import pytest
 
+from routing.backend_work import BackendWork, PrefillRate
 from routing.cost import RequestCost
+from routing.predict import predict
+from routing.speed import ProfileEstimator
 from routing.state import BackendSnapshot, BackendSpec, Candidate
 from routing.ttft import (
     BOOTSTRAP_TPOTS,
@@ -16,11 +19,7 @@ from routing.ttft import (
     SLOW_START_SCALE,
     UNKNOWN_RISK,
     BackendProfile,
-    BackendWork,
     Prediction,
-    PrefillRate,
-    ProfileEstimator,
-    predict,
 )
 
 PROFILE = BackendProfile(prefill_tokens_per_s=10_000.0, overhead_s=0.005, decode_base_s=0.01,

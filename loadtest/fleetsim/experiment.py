@@ -56,7 +56,8 @@ class Experiment:
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     # Scorer weights by policy (routing/policies.py names), overriding that policy's defaults.
     weights: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    offload_long_prompts: bool = True  # cost: long prompts to slower backends (routing/offload.py)
+    # cost: long prompts to slower backends (routing/scheduling/offload.py)
+    offload_long_prompts: bool = True
 
     def __post_init__(self) -> None:
         if (self.workload is None) == (self.trace is None):
@@ -120,7 +121,7 @@ class Report:
                 "replicas": e.replicas,
                 "slo": {"ttft_s": e.slo.ttft_s, "tpot_s": e.slo.tpot_s},
                 "queue_timeout_s": e.dispatch.queue_timeout_s,
-                "tpot_slo_s": e.dispatch.tpot_slo_s,
+                "tpot_slo_s": e.dispatch.slo.tpot_s if e.dispatch.slo_admission else None,
                 "slo_wait_s": e.dispatch.slo_wait_s,
                 "weights": {policy: dict(w) for policy, w in e.weights.items()},
                 "offload_long_prompts": e.offload_long_prompts,

@@ -41,7 +41,7 @@ from loadtest.workloads import WorkItem
 from routing.cost import CostModel
 from routing.dispatch import Completion, Dispatch, DispatchConfig, Dispatcher, Job, Rejection
 from routing.fleet import Fleet
-from routing.policy import PolicyContext, build_router
+from routing.policies import PolicyContext, build_router
 from routing.prefix import conversation_text
 from routing.state import BackendSpec
 
@@ -62,7 +62,7 @@ class SimConfig:
     seed: int = 0
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)  # `admission` is overridden
     weights: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    offload_long_prompts: bool = True  # PolicyContext's switch (routing/offload.py)
+    offload_long_prompts: bool = True  # PolicyContext's switch (routing/scheduling/offload.py)
     sample_interval_s: float = 0.5
 
     def __post_init__(self) -> None:
@@ -173,7 +173,7 @@ class _Run:
         for r in range(config.replicas):
             rng = random.Random(f"kvgate-simulate:{config.seed}:{config.policy}:{r}")
             router = build_router(config.policy, PolicyContext(
-                rng=rng, weights=config.weights,
+                rng=rng, weights=config.weights, slo=config.dispatch.slo,
                 offload_long_prompts=config.offload_long_prompts))
             replica_fleet = Fleet(specs, max_snapshot_age=config.max_snapshot_age_s)
             self.replicas.append(_Replica(

@@ -1,0 +1,180 @@
+"""The routing sections of the configuration: `routing` (the policy, admission and the gateway
+queue, the scrapes), `slo` (the one SLO that admission, the goodput scorer and the long-prompt
+offload all read) and `advanced` (expert knobs, each a trade best judged with `kvgate simulate`
+in hand), and what the routing code is built from them (`policy_context`, `dispatch_config`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from routing.dispatch import DispatchConfig
+from routing.policies import DEFAULT_POLICY, PolicyContext, policy_names
+from routing.scheduling.goodput import GoodputParams
+from routing.scheduling.offload import OffloadParams
+from routing.scheduling.probe import ProbeParams
+from routing.slo import SloTargets
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class QueueSettings(_Section):
+    """The gateway queue, per model: requests wait here while no backend can take them under its
+    KV high-water mark."""
+
+    max_depth: int = Field(default=1024, ge=0)  # beyond this, 429 with Retry-After at once
+    timeout_s: float = Field(default=30.0, gt=0)  # waiting longer answers 503 with Retry-After
+    max_per_tenant: int | None = Field(default=None, ge=1)  # one tenant's share of the queue
+
+
+class RoutingSettings(_Section):
+    policy: str = DEFAULT_POLICY
+    # Admission: a backend takes a request only if its peak KV stays under this fraction of the
+    # backend's blocks (at an acceptable preemption risk, advanced.max_preemption_risk) and, with
+    # slo.admission, within the TPOT SLO; when no backend can, the request waits in the gateway
+    # queue or is refused. admission: false turns all of it off.
+    admission: bool = True
+    high_water: float = Field(default=0.9, gt=0, le=1)
+    # cost: a prompt much longer than the recent ones goes to a slower backend that can give it
+    # its first token soon and keep its replies within the TPOT SLO, sparing the fast backends'
+    # decodes the long prefills (routing/scheduling/offload.py; parameters in advanced.offload).
+    # false: long prompts go where the scores say, mostly the fastest.
+    offload_long_prompts: bool = True
+    queue: QueueSettings = QueueSettings()
+    priority_header: str = Field(default="x-kvgate-priority", min_length=1)  # integer class
+    tenant_header: str = Field(default="x-kvgate-tenant", min_length=1)
+    session_header: str | None = None  # session affinity key; the body's `user` field otherwise
+    # model -> tokenizer.json for exact prompt counts (needs the optional `tokenizers` package).
+    tokenizers: dict[str, str] = Field(default_factory=dict)
+    poll_interval_s: float = Field(default=0.1, gt=0)  # each backend's /metrics, this often
+    scrape_timeout_s: float = Field(default=0.5, gt=0)  # one /metrics scrape, connect to body
+    max_snapshot_age_s: float = Field(default=1.0, gt=0)
+    # Failed scrapes or connections in a row that make a backend unhealthy.
+    failure_threshold: int = Field(default=3, ge=1)
+    seed: int | None = None  # seeds the policy's random.Random (tests, reproducible runs)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        names = policy_names()
+        if value not in names:
+            raise ValueError(f"unknown policy {value!r}; known: {', '.join(names)}")
+        return value
+
+    @field_validator("tokenizers")
+    @classmethod
+    def _tokenizer_files(cls, value: dict[str, str]) -> dict[str, str]:
+        if value and importlib.util.find_spec("tokenizers") is None:
+            raise ValueError("exact tokenizers need the optional 'tokenizers' package "
+                             "(pip install tokenizers), which is not installed")
+        for model, path in value.items():
+            if not Path(path).is_file():
+                raise ValueError(f"{model}: {path} is not a readable tokenizer.json file")
+        return value
+
+
+class SloSettings(_Section):
+    """The one SLO: a request is served well when its first token comes within `ttft_s` and its
+    reply runs at `tpot_s` per token or faster. The goodput scorer and the long-prompt offload
+    aim at it; with `admission` (and routing.admission), a backend takes a request only while
+    the replies decoding there are predicted to stay within `tpot_s` with it there, and what no
+    backend can take is refused with 429 and a Retry-After, so past the fleet's SLO capacity the
+    excess is shed instead of every reply slowing down. A backend with none of the gateway's
+    requests in flight, or whose speed has not been read yet, is never gated; one too slow for
+    the SLO even alone is held to twice its idle TPOT. Requests of priority class
+    `exempt_priority` or higher (routing.priority_header) are never refused for it."""
+
+    ttft_s: float = Field(default=1.0, gt=0)
+    tpot_s: float = Field(default=0.05, gt=0)
+    admission: bool = True
+    exempt_priority: int | None = None
+
+
+class OffloadSettings(_Section):
+    """routing/scheduling/offload.py's rule, for the cost policy."""
+
+    ratio: float = Field(default=2.0, gt=0)  # long: this many times the recent median prefill
+    slower_factor: float = Field(default=1.5, gt=0)  # slower: a bare decode step this much longer
+    ttft_budget_s: float = Field(default=0.3, gt=0)  # the first token a slower one must promise
+    window: int = Field(default=512, ge=1)  # recent prompts the median is taken over
+    min_seen: int = Field(default=64, ge=1)  # prompts seen before any is called long
+
+
+class ProbeSettings(_Section):
+    """routing/scheduling/probe.py's rule, for the cost policy."""
+
+    replies_needed: int = Field(default=8, ge=1)  # replies a backend's speed must rest on
+    ttft_budget_s: float = Field(default=0.3, gt=0)  # a probe's predicted first token at most
+    max_probes: int = Field(default=16, ge=1)  # probes per backend, at most
+
+
+class AdvancedSettings(_Section):
+    """Knobs whose right value depends on the fleet and the traffic; change them with the
+    simulator's figures at hand (`kvgate simulate`)."""
+
+    # Scorer weights of the chosen policy, by scorer name (routing/policies.py), e.g. for cost:
+    # {"ttft": 2, "goodput": 2, "prefill_load": 4.5, "preemption": 1, "prefix": 0.3,
+    # "session": 0.3}. They trade the request's own latency (ttft) against the others' (goodput,
+    # prefill_load) and against cache reuse (prefix, session). Unnamed ones keep their defaults.
+    weights: dict[str, float] = Field(default_factory=dict)
+    # A backend takes a request only at a predicted preemption risk at most this high: lower
+    # queues more in the gateway, higher lets more backends preempt.
+    max_preemption_risk: float = Field(default=0.1, ge=0, le=1)
+    # How long a request may wait for a backend within the TPOT SLO before its 429: longer
+    # serves a few more of them, but a waiting queue head holds up every arrival behind it.
+    slo_wait_s: float = Field(default=0.0, ge=0)
+    # Backends scraped in the same instant (routing/poller.py): larger groups cost less CPU, but
+    # each group's answers are parsed in one burst that delays the gateway's other work.
+    poll_group_size: int = Field(default=32, ge=1)
+    # vLLM backends are asked for every series they expose about this often, and for the load
+    # gauges alone in between: rarer costs less CPU, but the counters, the KV capacity and the
+    # LoRA adapters in a snapshot are older. At or below routing.poll_interval_s: every series
+    # at every scrape.
+    full_scrape_interval_s: float = Field(default=1.0, gt=0)
+    offload: OffloadSettings = OffloadSettings()
+    probe: ProbeSettings = ProbeSettings()
+    # How far actual TTFTs and TPOTs scatter around the predictions (sigma of log(actual /
+    # predicted)): wider makes the goodput scorer less sure of a backend near the SLO.
+    goodput_ttft_spread: float = Field(default=0.5, gt=0)
+    goodput_tpot_spread: float = Field(default=0.35, gt=0)
+
+    @field_validator("weights")
+    @classmethod
+    def _non_negative(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, weight in value.items():
+            if weight < 0:
+                raise ValueError(f"weight {name!r} must be >= 0")
+        return value
+
+
+def policy_context(routing: RoutingSettings, slo: SloSettings, advanced: AdvancedSettings,
+                   rng: random.Random | None = None) -> PolicyContext:
+    """What the policy's plugins are built from (ValueError naming a weight the policy lacks,
+    when the Router is built)."""
+    o, p = advanced.offload, advanced.probe
+    return PolicyContext(
+        rng=rng or random.Random(routing.seed), weights=dict(advanced.weights),
+        slo=SloTargets(slo.ttft_s, slo.tpot_s), offload_long_prompts=routing.offload_long_prompts,
+        offload=OffloadParams(ratio=o.ratio, slower_factor=o.slower_factor,
+                              ttft_budget_s=o.ttft_budget_s, window=o.window,
+                              min_seen=o.min_seen),
+        probe=ProbeParams(replies_needed=p.replies_needed, ttft_budget_s=p.ttft_budget_s,
+                          max_probes=p.max_probes),
+        goodput=GoodputParams(advanced.goodput_ttft_spread, advanced.goodput_tpot_spread))
+
+
+def dispatch_config(routing: RoutingSettings, slo: SloSettings, advanced: AdvancedSettings
+                    ) -> DispatchConfig:
+    return DispatchConfig(
+        admission=routing.admission, high_water=routing.high_water,
+        max_preemption_risk=advanced.max_preemption_risk,
+        queue_max_depth=routing.queue.max_depth, queue_timeout_s=routing.queue.timeout_s,
+        queue_max_per_tenant=routing.queue.max_per_tenant,
+        slo=SloTargets(slo.ttft_s, slo.tpot_s), slo_admission=slo.admission,
+        slo_wait_s=advanced.slo_wait_s, slo_exempt_priority=slo.exempt_priority)

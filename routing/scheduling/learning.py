@@ -1,0 +1,134 @@
+"""The Dispatcher's learning hooks: what it learns after a dispatch, at a first token and when an
+attempt ends. The policy's own hooks (routing/policy.py `DispatchHook`) run beside these.
+
+- `PrefixLearner`: the prefix index learns the request's chain against its backend at dispatch
+  (the backend will hold it from its first token on).
+- `SessionTable`: a session's last backend, LRU-bounded.
+- `WorkLearner`: each backend's `BackendWork` records what was sent there (its uncached prompt,
+  at the backend's learned prefill speed) and what ended.
+- `SpeedLearner`: each backend's speed (`ProfileEstimator`) from the attempt's first token and
+  from the reply's TPOT (`Completion.decode_tpot`), against the prediction it was dispatched on.
+- `CostLearner`: the cost model's prompt calibration and output-length distribution, from the
+  usage the backend reported.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Protocol
+
+from routing.cost import CostModel
+from routing.jobs import Completion, Dispatch
+from routing.prefix import PrefixIndex
+from routing.scheduling.backends import BackendModels
+
+
+class Learner(Protocol):
+    def dispatched(self, dispatch: Dispatch, uncached_tokens: int, now: float) -> None: ...
+    def first_token(self, dispatch: Dispatch, now: float) -> None: ...
+    def finished(self, dispatch: Dispatch, completion: Completion | None) -> None: ...
+
+
+class PrefixLearner:
+    def __init__(self, index: PrefixIndex) -> None:
+        self.index = index
+
+    def dispatched(self, dispatch: Dispatch, uncached_tokens: int, now: float) -> None:
+        if dispatch.chain.blocks:
+            self.index.record(dispatch.backend_id, dispatch.chain)
+
+    def first_token(self, dispatch: Dispatch, now: float) -> None:
+        pass
+
+    def finished(self, dispatch: Dispatch, completion: Completion | None) -> None:
+        pass
+
+
+class SessionTable:
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("the session table needs room for one session")
+        self._capacity = capacity
+        self._last: OrderedDict[str, str] = OrderedDict()
+
+    def backend_of(self, session: str | None) -> str | None:
+        return None if session is None else self._last.get(session)
+
+    def dispatched(self, dispatch: Dispatch, uncached_tokens: int, now: float) -> None:
+        session = dispatch.job.session
+        if session is not None:
+            self._last[session] = dispatch.backend_id
+            self._last.move_to_end(session)
+            if len(self._last) > self._capacity:
+                self._last.popitem(last=False)
+
+    def first_token(self, dispatch: Dispatch, now: float) -> None:
+        pass
+
+    def finished(self, dispatch: Dispatch, completion: Completion | None) -> None:
+        pass
+
+
+class WorkLearner:
+    def __init__(self, models: BackendModels) -> None:
+        self._models = models
+
+    def dispatched(self, dispatch: Dispatch, uncached_tokens: int, now: float) -> None:
+        state = self._models.state(dispatch.backend_id)
+        state.work.dispatched(now, uncached_tokens, dispatch.context_tokens,
+                              state.profile.prefill_tokens_per_s)
+
+    def first_token(self, dispatch: Dispatch, now: float) -> None:
+        pass
+
+    def finished(self, dispatch: Dispatch, completion: Completion | None) -> None:
+        self._models.work_of(dispatch.backend_id).finished(dispatch.context_tokens)
+
+
+class SpeedLearner:
+    def __init__(self, models: BackendModels) -> None:
+        self._models = models
+
+    def dispatched(self, dispatch: Dispatch, uncached_tokens: int, now: float) -> None:
+        pass
+
+    def first_token(self, dispatch: Dispatch, now: float) -> None:
+        pred = dispatch.prediction
+        if pred is not None:
+            state = self._models.state(dispatch.backend_id)
+            state.estimator.observe_ttft(pred, now - dispatch.dispatched_at)
+            state.learned()
+
+    def finished(self, dispatch: Dispatch, completion: Completion | None) -> None:
+        pred = dispatch.prediction
+        if completion is None or pred is None:
+            return
+        tpot = completion.decode_tpot(pred.predicted_ttft_s)
+        if tpot is not None and tpot > 0.0:
+            # Past the first few, TTFTs are not learned from: they include queueing.
+            backend = dispatch.backend_id
+            state = self._models.state(backend)
+            state.estimator.observe_tpot(pred.kv_read_tokens, pred.prefill_tokens_per_s, tpot)
+            state.learned()
+            self._models.replies[backend] = state.estimator.replies
+
+
+class CostLearner:
+    def __init__(self, cost_model: CostModel) -> None:
+        self._cost_model = cost_model
+
+    def dispatched(self, dispatch: Dispatch, uncached_tokens: int, now: float) -> None:
+        pass
+
+    def first_token(self, dispatch: Dispatch, now: float) -> None:
+        pass
+
+    def finished(self, dispatch: Dispatch, completion: Completion | None) -> None:
+        if completion is None:
+            return
+        calibrate = dispatch.job.prompt_tokens is None  # token-id prompts have no characters
+        self._cost_model.observe(
+            dispatch.cost,
+            prompt_tokens=completion.prompt_tokens if calibrate else None,
+            completion_tokens=completion.completion_tokens,
+        )
