@@ -1,5 +1,6 @@
-"""The cache and small-model benchmarks run end to end on a small budget: live traffic through
-the real gateway to simulators (and a redis-server of their own), figures that add up, exit 0."""
+"""The cache, small-model and index benchmarks run end to end on a small budget: live traffic
+through the real gateway to simulators (and a redis-server of their own), figures that add up,
+exit 0, and a valid result record in the results directory they are given."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ from pathlib import Path
 import pytest
 
 from loadtest import bench_cache, bench_index, bench_small_model
+from loadtest.results import Record, load
+
+
+def _record(directory: Path, name: str) -> Record:
+    rec = load(directory / f"{name}.json")
+    assert rec.command.startswith(f".venv/bin/python -m loadtest.{name} ")
+    assert "--results-dir" not in rec.command
+    return rec
 
 
 def test_the_cache_benchmark_moves_work_off_the_backends(tmp_path: Path) -> None:
@@ -16,7 +25,7 @@ def test_the_cache_benchmark_moves_work_off_the_backends(tmp_path: Path) -> None
     out = tmp_path / "cache.json"
     code = bench_cache.main(["--requests", "40", "--questions", "10", "--concurrency", "4",
                              "--time-scale", "20", "--lookups", "40", "--stores", stores,
-                             "--json", str(out)])
+                             "--json", str(out), "--results-dir", str(tmp_path)])
     assert code == 0
     result = json.loads(out.read_text())
     off, memory = result["live"]["off"], result["live"]["memory"]
@@ -26,13 +35,17 @@ def test_the_cache_benchmark_moves_work_off_the_backends(tmp_path: Path) -> None
     assert memory["backend_tokens"] < off["backend_tokens"]
     assert memory["false_hits"] == 0
     assert set(result["lookup_us"]) == set(stores.split(",")) - {"off"}
+    live, lookups = _record(tmp_path, "bench_cache").tables
+    assert [row[0] for row in live.rows] == stores.split(",")
+    assert [row[0] for row in lookups.rows] == ["memory", "redis"]
 
 
 def test_the_small_model_benchmark_sends_the_easy_share_to_the_small_model(
         tmp_path: Path) -> None:
     out = tmp_path / "small.json"
     code = bench_small_model.main(["--requests", "20", "--rate", "40", "--easy-share", "0.5",
-                                   "--time-scale", "20", "--json", str(out)])
+                                   "--time-scale", "20", "--json", str(out),
+                                   "--results-dir", str(tmp_path)])
     assert code == 0
     runs = json.loads(out.read_text())["runs"]
     assert runs["large only"]["small_share"] == 0.0
@@ -40,7 +53,20 @@ def test_the_small_model_benchmark_sends_the_easy_share_to_the_small_model(
     assert runs["auto, easy"]["small_share"] == pytest.approx(
         sum(not hard for hard, _ in plan) / 20)
     assert all(run["failed"] == 0 for run in runs.values())
+    (table,) = _record(tmp_path, "bench_small_model").tables
+    assert [row[0] for row in table.rows] == list(runs)
 
 
-def test_the_index_benchmark_finds_what_a_brute_force_scan_finds() -> None:
-    assert bench_index.main(["--members", "40", "--lookups", "20"]) == 0
+
+
+def test_the_index_benchmark_finds_what_a_brute_force_scan_finds(tmp_path: Path) -> None:
+    assert bench_index.main(["--members", "40", "--lookups", "20",
+                             "--results-dir", str(tmp_path)]) == 0
+    (table,) = _record(tmp_path, "bench_index").tables
+    assert all(row[-1] == "yes" for row in table.rows)
+
+
+def test_no_record_writes_no_record(tmp_path: Path) -> None:
+    assert bench_index.main(["--members", "20", "--lookups", "4", "--no-record",
+                             "--results-dir", str(tmp_path)]) == 0
+    assert list(tmp_path.iterdir()) == []
