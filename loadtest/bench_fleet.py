@@ -158,10 +158,11 @@ def scenario_tables(name: str, report: Report) -> list[Table]:
                 else f"; measured capacity {report.capacity_rps:.2f} requests/s")
     out = []
     for point in report.points:
-        level = (f"{point.load:.0%} of capacity, " if point.load is not None else "")
+        where = ((f"{point.load:.0%} of capacity, " if point.load is not None else "")
+                 + f"{point.rate_rps:.2f} requests/s")
         rows = [[c.label, *(("-" if (m := point.spread_of(c)[f].mean) is None else fmt(m))
                             for f, _, fmt in COLUMNS)] for c in e.contenders]
-        out.append(Table(f"{name} at {level}{point.rate_rps:.2f} requests/s"
+        out.append(Table(f"{name} at {where}"
                          + (f", means over {seeds} seeds" if seeds > 1 else ""),
                          ["policy", *(f"{f.split('_')[0].upper()} {h}" if h in ("p90", "p99")
                                       else h for f, h, _ in COLUMNS)], rows,
@@ -175,7 +176,7 @@ def scenario_tables(name: str, report: Report) -> list[Table]:
                     cells.append("-" if low is None or high is None
                                  else f"{fmt(low)} .. {fmt(high)}")
                 spread.append(cells)
-            out.append(Table(f"{name} at {level}spread over seeds (min .. max)",
+            out.append(Table(f"{name} at {where}: spread over seeds (min .. max)",
                              ["policy", *(h for _, h, _ in SPREAD_FIGURES)], spread))
     return out
 

@@ -52,12 +52,19 @@ class Record:
 
 
 def machine() -> dict[str, Any]:
-    """What the figures depend on: processor, cores, Python."""
+    """What the figures depend on: processor, cores, Python, and how busy the machine was (the
+    one-minute load average when the record is written: other work on a shared machine slows
+    every timing down)."""
+    try:
+        load: float | None = round(os.getloadavg()[0], 2)
+    except OSError:  # not every system keeps one
+        load = None
     return {
         "cpu": _cpu_model() or platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "system": f"{platform.system()} {platform.release()}",
+        "load_average": load,
     }
 
 

@@ -4,13 +4,17 @@ exit 0, and a valid result record in the results directory they are given."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
 import pytest
 
-from loadtest import bench_cache, bench_index, bench_small_model
+from loadtest import bench_cache, bench_fleet, bench_index, bench_small_model
+from loadtest.fleetsim.backends import parse_fleet
+from loadtest.fleetsim.experiment import Contender, Experiment, run_experiment
 from loadtest.results import Record, load
+from loadtest.workloads import workload
 
 
 def _record(directory: Path, name: str) -> Record:
@@ -70,3 +74,37 @@ def test_no_record_writes_no_record(tmp_path: Path) -> None:
     assert bench_index.main(["--members", "20", "--lookups", "4", "--no-record",
                              "--results-dir", str(tmp_path)]) == 0
     assert list(tmp_path.iterdir()) == []
+
+
+TINY_RUNS = {  # bench_fleet's smallest run measures three workloads' capacity: too long here
+    "bench_telemetry": ["--requests", "200", "--repeat", "1"],
+    "bench_sim": ["--streams", "8", "--engine-only"],
+    "proxy_bench": ["--requests", "5", "--chunks", "5", "--cache"],
+    "bench_gateway_telemetry": ["--requests", "20", "--rounds", "1"],
+}
+
+
+@pytest.mark.parametrize("name", list(TINY_RUNS), ids=[f"{n}-records-its-run" for n in TINY_RUNS])
+def test_every_benchmark_records_its_run_with_the_command(name: str, tmp_path: Path) -> None:
+    module = importlib.import_module(f"loadtest.{name}")
+    code = module.main([*TINY_RUNS[name], "--results-dir", str(tmp_path)])
+    assert code in (0, None)
+    rec = _record(tmp_path, name)
+    assert rec.command.endswith(" ".join(TINY_RUNS[name]))
+    assert all(table.rows for table in rec.tables)
+
+
+def test_the_fleet_benchmark_tables_each_load_level_with_its_spread() -> None:
+    report = run_experiment(Experiment(
+        fleet=parse_fleet("2"), contenders=(Contender("round_robin", False), bench_fleet.KVGATE),
+        workload=workload("chat"), rates=(4.0, 8.0), duration_s=2.0, seeds=(0, 1)))
+    tables = bench_fleet.scenario_tables("chat", report)
+    assert [t.title for t in tables] == [
+        "chat at 4.00 requests/s, means over 2 seeds",
+        "chat at 4.00 requests/s: spread over seeds (min .. max)",
+        "chat at 8.00 requests/s, means over 2 seeds",
+        "chat at 8.00 requests/s: spread over seeds (min .. max)"]
+    means = tables[0]
+    assert means.columns[:6] == ["policy", "done", "rej", "TTFT p50", "TTFT p90", "TTFT p99"]
+    assert [row[0] for row in means.rows] == ["round_robin", "cost+adm"]
+    assert all(len(row) == len(t.columns) for t in tables for row in t.rows)
