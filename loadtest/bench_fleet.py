@@ -231,7 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     tables = [Table(f"Targets: {len(checks) - missed} of {len(checks)} met (cost+adm, means "
                     f"over seeds {args.seeds})", ["target", "required", "measured", "result"],
                     [[c.target, c.required, c.measured, "PASS" if c.ok else "MISS"]
-                     for c in checks])]
+                     for c in checks],
+                    "Figures as the targets compare them: times in seconds, goodput in "
+                    "requests/s, rates as fractions. The measured figure's ratio (in "
+                    "parentheses) is to the baseline's figure in the required column.")]
     for name, report in reports.items():
         tables += scenario_tables(name, report)
     save(args, "bench_fleet", title="Routing quality: cost against the baselines (simulated)",
