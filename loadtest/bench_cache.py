@@ -3,7 +3,7 @@ whether a semantic hit ever answers another question.
 
     python -m loadtest.bench_cache [--requests 400] [--questions 100] [--paraphrase-share 0.3]
         [--zipf 1.1] [--concurrency 8] [--max-tokens 48] [--backends 2] [--time-scale 1]
-        [--stores off,memory,redis] [--seed 0] [--lookups 2000] [--json FILE]
+        [--stores off,memory,redis] [--seed 0] [--lookups 2000] [--json FILE] [--no-record]
 
 Part 1, live: `kvgate serve` in front of --backends simulators, in this process on loopback, gets
 the same --requests streamed chats once per store (`off` is the cache turned off), --concurrency
@@ -19,7 +19,8 @@ Part 2, in-process: the cost of one lookup (exact hit, semantic hit, miss) again
 holding --lookups entries, per store, with the built-in embedder.
 
 Redis runs are skipped, with a note, when `redis-server` is not installed; the server is started
-on a free loopback port and stopped by this script.
+on a free loopback port and stopped by this script. The tables go to
+`loadtest/results/bench_cache.json` (`--no-record`: nowhere); `--json` writes every figure.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from gateway.cache.store import CacheStore, Entry, MemoryStore
 from gateway.config import Settings
 from gateway.serve import running_gateway
 from loadtest.redis_server import redis_available, running_redis
+from loadtest.results import Table, add_arguments, command, save
 from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS
 
@@ -278,6 +280,31 @@ def _row(name: str, s: dict[str, Any]) -> str:
             f" {_f(s['hit_ttft_p50_ms'])} {_f(s['miss_ttft_p50_ms'])}")
 
 
+def tables(args: argparse.Namespace, live_results: dict[str, dict[str, Any]],
+           costs: dict[str, dict[str, float]]) -> list[Table]:
+    base = live_results.get("off")
+    rows = []
+    for store, s in live_results.items():
+        tokens = (None if base is None or store == "off"
+                  else round(s["backend_tokens"] / max(1, base["backend_tokens"]), 2))
+        rows.append([store, s["requests"], s["failed"], s["exact"], s["semantic"],
+                     s["false_hits"], s["backend_requests"], s["backend_tokens"], tokens,
+                     s["ttft_p50_ms"], s["ttft_p99_ms"], s["hit_ttft_p50_ms"],
+                     s["miss_ttft_p50_ms"]])
+    out = [Table("Live, one run per store (TTFT in ms)",
+                 ["store", "requests", "failed", "exact hits", "semantic hits", "false hits",
+                  "backend requests", "backend tokens", "tokens vs off", "TTFT p50", "TTFT p99",
+                  "hit TTFT p50", "miss TTFT p50"], rows,
+                 "A false hit is a semantic hit answered with text first written for another "
+                 "question.")]
+    if costs:
+        kinds = list(next(iter(costs.values())))
+        out.append(Table(f"Lookup cost against {args.lookups} entries (µs per lookup, "
+                         "in-process)", ["store", *kinds],
+                         [[store, *(c[k] for k in kinds)] for store, c in costs.items()]))
+    return out
+
+
 def _f(value: float | None) -> str:
     return f"{'-':>8}" if value is None else f"{value:8.1f}"
 
@@ -287,7 +314,8 @@ async def run(args: argparse.Namespace) -> int:
     if len(stores) < len(args.stores):
         print("redis-server is not installed: the redis runs are skipped")
     asks = plan(args)
-    results: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "json"}}
+    results: dict[str, Any] = {"config": {k: v for k, v in vars(args).items()
+                                          if k not in ("json", "results_dir")}}
     print(f"{args.requests} streamed chats, {args.concurrency} at a time, over {args.questions}"
           f" questions (Zipf {args.zipf}), {args.paraphrase_share:.0%} reworded; "
           f"{args.backends} x {DEFAULT_PRESET} at time scale {args.time_scale:g}")
@@ -317,7 +345,17 @@ async def run(args: argparse.Namespace) -> int:
             out.write(orjson.dumps(results, option=orjson.OPT_INDENT_2))
     failed = sum(s["failed"] for s in live_results.values())
     false_hits = sum(s["false_hits"] for s in live_results.values())
-    return 1 if failed or false_hits else 0
+    if failed or false_hits:
+        print(f"FAILED: {failed} requests failed, {false_hits} false hits (nothing recorded)")
+        return 1
+    save(args, "bench_cache", title="Response cache: work off the backends, cost of a lookup",
+         command=args.command, tables=tables(args, live_results, costs),
+         notes=f"{args.requests} streamed chats, {args.concurrency} at a time, over "
+               f"{args.questions} questions (Zipf {args.zipf:g}), {args.paraphrase_share:.0%} "
+               f"reworded; {args.backends} x {DEFAULT_PRESET} simulators at time scale "
+               f"{args.time_scale:g}, gateway, client and simulators in one process. Hits and "
+               "backend tokens repeat from run to run; the TTFTs follow the host's load.")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -334,8 +372,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stores", type=lambda s: s.split(","), default=list(STORES))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lookups", type=int, default=2000)
-    parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure here")
+    add_arguments(parser)
     args = parser.parse_args(argv)
+    args.command = command("loadtest.bench_cache", sys.argv[1:] if argv is None else argv)
     bad = [s for s in args.stores if s not in STORES]
     if bad or not 1 <= args.requests <= 20_000 or args.concurrency < 1 or args.backends < 1:
         print(f"bad usage: stores {bad or 'ok'}; requests 1..20000, concurrency and backends"

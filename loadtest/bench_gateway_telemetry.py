@@ -1,7 +1,7 @@
 """The gateway's CPU time per request with telemetry on and off, side by side in one run.
 
     .venv/bin/python -m loadtest.bench_gateway_telemetry [--requests 500] [--rounds 5]
-        [--concurrency 16] [--time-scale 1000]
+        [--concurrency 16] [--time-scale 1000] [--no-record]
 
 Layout, loopback only: one simulated backend (`kvgate sim`) and the load generator each run in a
 process of their own; this process runs four gateways in front of that backend, identical but for
@@ -21,7 +21,8 @@ without telemetry, scrapes every 5 s here (snapshots count as fresh for 60 s) so
 blur the per-request figure, and the span processor is flushed inside the phase that made the
 spans. Reported: the median over the rounds of CPU microseconds per request, and each config's
 overhead over `bare` and over `off` as the median of the per-round ratios (a round's phases run
-back to back, so slow drift of the machine cancels out), with its interquartile range.
+back to back, so slow drift of the machine cancels out), with its interquartile range. The table
+goes to `loadtest/results/bench_gateway_telemetry.json` (`--no-record`: nowhere).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from gateway.config import Settings
 from gateway.keys import TELEMETRY
 from gateway.logsink import configure_access_log
 from gateway.telemetry import RequestOutcome, RequestTiming, RequestTrace
+from loadtest.results import Table, add_arguments, command, save
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS
 
 MODEL = PRESETS[DEFAULT_PRESET].model_name
@@ -268,6 +270,21 @@ def paired(results: dict[str, list[float]], name: str, base: str) -> tuple[float
     return statistics.median(ratios), low, high
 
 
+def table(results: dict[str, list[float]]) -> Table:
+    rows: list[list[object]] = []
+    for name, values in results.items():
+        cells: list[object] = []
+        for base in ("bare", "off"):
+            mid, low, high = paired(results, name, base)
+            cells += [f"{mid:+.1%}", f"{low:+.1%} .. {high:+.1%}"]
+        rows.append([name, round(statistics.median(values), 1), *cells])
+    return Table("Gateway CPU per request, by telemetry configuration",
+                 ["config", "CPU µs/request", "vs bare", "vs bare, IQR", "vs off", "vs off, IQR"],
+                 rows, "Overheads are the median of the per-round ratios, with their "
+                 "interquartile range; `bare` records nothing, `off` is telemetry off as "
+                 "configured (metrics only).")
+
+
 def report(results: dict[str, list[float]], args: argparse.Namespace) -> None:
     print(f"gateway CPU per request: {args.rounds} rounds x {args.requests} requests per config,"
           f" concurrency {args.concurrency}, 3 streamed : 1 JSON, {OUTPUT_TOKENS} output tokens,"
@@ -294,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                         help="the gateways' event loop (kvgate serve runs uvloop)")
     parser.add_argument("--load-worker", action="store_true", help=argparse.SUPPRESS)
+    add_arguments(parser)
     args = parser.parse_args(argv)
     if args.load_worker:
         asyncio.run(load_worker())
@@ -304,6 +322,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     with asyncio.Runner(loop_factory=factory) as runner:
         results = runner.run(bench(args))
     report(results, args)
+    save(args, "bench_gateway_telemetry", title="Gateway CPU per request, telemetry on and off",
+         command=command("loadtest.bench_gateway_telemetry",
+                         sys.argv[1:] if argv is None else argv),
+         tables=[table(results)],
+         notes=f"{args.rounds} rounds x {args.requests} requests per configuration, concurrency "
+               f"{args.concurrency}, 3 streamed : 1 JSON, {OUTPUT_TOKENS} output tokens, "
+               f"{args.loop}; the gateways share one process, the backend and the load generator "
+               "run in processes of their own on the other cores.")
     return 0
 
 

@@ -1,13 +1,14 @@
 """The semantic index's cost per lookup against a brute-force scan, side by side.
 
-    python -m loadtest.bench_index [--members 256] [--lookups 200] [--seed 1]
+    python -m loadtest.bench_index [--members 256] [--lookups 200] [--seed 1] [--no-record]
 
 Three sets of --members questions, embedded by the built-in hashing embedder: one template with
 different subjects (as `loadtest/bench_cache.py` asks), random questions over a 30-word
 vocabulary (every pair shares words), and random questions over a 3,000-word vocabulary with
 common words mixed in (closest to varied real traffic). Half the lookups are near-duplicates of a
 member (hits), half new questions (misses), at the default threshold 0.9. Both methods must find
-the same answers; the script says so, or exits 1.
+the same answers; the script says so, or exits 1. The table goes to
+`loadtest/results/bench_index.json` (`--no-record`: nowhere).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gateway.cache.embed import hashed_vector
 from gateway.cache.index import SemanticIndex
 from gateway.cache.vectors import Vector, cosine
 from loadtest.bench_cache import questions
+from loadtest.results import Table, add_arguments, command, save
 
 THRESHOLD = 0.9
 STOPWORDS = "what is the of a to how do i in for and can you".split()
@@ -73,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--members", type=int, default=256)
     parser.add_argument("--lookups", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
+    add_arguments(parser)
     args = parser.parse_args(argv)
     if args.members < 1 or args.lookups < 2:
         print("--members must be >= 1 and --lookups >= 2", file=sys.stderr)
@@ -82,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{THRESHOLD}; µs per lookup")
     print(f"{'set':22} {'brute force':>12} {'index':>8} {'ratio':>6}  hits")
     agree = True
+    rows: list[list[object]] = []
     for name, make in question_sets(args.members, rng).items():
         texts = [make(i) for i in range(args.members)]
         members = {f"m{i}": hashed_vector(text) for i, text in enumerate(texts)}
@@ -101,7 +105,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         hits = sum(f is not None for f in found)
         print(f"{name:22} {slow * 1e6:12.1f} {fast * 1e6:8.1f} {slow / fast:5.1f}x  {hits}"
               + ("" if same else "  DISAGREE"))
-    return 0 if agree else 1
+        rows.append([name, round(slow * 1e6, 1), round(fast * 1e6, 1), round(slow / fast, 1),
+                     hits, "yes" if same else "NO"])
+    if not agree:
+        print("FAILED: the index and the scan disagree (nothing recorded)")
+        return 1
+    save(args, "bench_index", title="Semantic index against a brute-force scan",
+         command=command("loadtest.bench_index", sys.argv[1:] if argv is None else argv),
+         tables=[Table(f"µs per lookup: {args.members} members, {args.lookups} lookups (half "
+                       f"near-duplicates), threshold {THRESHOLD}",
+                       ["question set", "brute force", "index", "speed-up", "hits",
+                        "same answers"], rows,
+                       "Both methods run in the same process one after the other; the speed-up "
+                       "is their ratio.")])
+    return 0
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 process burns to serve many concurrent streams in real time.
 
     .venv/bin/python -m loadtest.bench_sim [--streams 256] [--duration 20] [--preset NAME]
+        [--engine-only] [--no-record]
 
 1. Engine: `--streams` requests (512-token prompts, 512 output tokens) run to completion in
    virtual time in this process; CPU time of `step()` per sequence-step (one sequence advanced by
@@ -14,7 +15,8 @@ process burns to serve many concurrent streams in real time.
    the engine in virtual time: the difference is how far the real-time server fell behind the
    modeled GPU.
 
-Loopback only, bounded in streams and time.
+Loopback only, bounded in streams and time. The tables go to `loadtest/results/bench_sim.json`
+(`--no-record`: nowhere).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest.results import Table, add_arguments, command, save
 from loadtest.sim.api import ChatMessage, render_chat
 from loadtest.sim.engine import Engine, SimRequest
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS
@@ -154,7 +157,8 @@ async def run_load(base: str, streams: int, seconds: float) -> dict[str, float]:
     return {**counts, "cpu_s": usage.ru_utime + usage.ru_stime}
 
 
-async def bench_server(preset: str, streams: int, duration: float) -> None:
+async def bench_server(preset: str, streams: int, duration: float) -> list[list[object]]:
+    """Prints the server's figures and returns them as rows (figure, value, unit)."""
     server = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "loadtest.sim.cli", "--port", "0", "--time-scale", "1",
         "--preset", preset, "--metrics-format", "vllm", stdout=asyncio.subprocess.PIPE)
@@ -208,6 +212,16 @@ async def bench_server(preset: str, streams: int, duration: float) -> None:
         print(f"  => one core would drive ~{streams / cores:,.0f} such streams before the "
               f"simulator's own CPU limits it (linear extrapolation; one engine runs at most "
               f"max_num_seqs={PRESETS[preset].max_num_seqs} at once)")
+    return [
+        ["server CPU", round(cores, 3), "cores"],
+        ["server CPU per token", round(1e6 * delta("process_cpu_seconds_total")
+                                       / max(tokens, 1), 1), "µs"],
+        ["tokens delivered", round(tokens / wall), "tokens/s"],
+        ["mean inter-token latency served", round(1e3 * itl, 2), "ms"],
+        ["mean inter-token latency modeled (virtual time)", round(1e3 * modeled_itl, 2), "ms"],
+        ["served over modeled", round(itl / modeled_itl, 3), "ratio"],
+        ["load generator errors", load_counts["errors"], "requests"],
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=list(PRESETS))
     parser.add_argument("--engine-only", action="store_true", help="skip the server benchmark")
     parser.add_argument("--load", metavar="URL", help=argparse.SUPPRESS)  # load generator mode
+    add_arguments(parser)
     args = parser.parse_args(argv)
     if not 1 <= args.streams <= MAX_STREAMS:
         parser.error(f"--streams must be in 1..{MAX_STREAMS}")
@@ -235,8 +250,25 @@ def main(argv: list[str] | None = None) -> int:
           f"step at batch {args.streams} vs {e.modeled_full_step_ms:.2f} ms modeled "
           f"({100 * e.us_per_full_step / 1e3 / e.modeled_full_step_ms:.1f}% of a core at time "
           "scale 1)")
+    tables = [Table(f"Engine: {args.streams} sequences x (512 prompt + 512 output tokens), "
+                    f"{args.preset}", ["figure", "value", "unit"], [
+                        ["CPU per sequence-step", round(e.us_per_seq_step, 2), "µs"],
+                        [f"CPU per step at batch {args.streams}", round(e.us_per_full_step),
+                         "µs"],
+                        ["modeled step at that batch", round(e.modeled_full_step_ms, 2), "ms"],
+                        ["share of a core at time scale 1",
+                         round(e.us_per_full_step / 1e3 / e.modeled_full_step_ms, 4), "ratio"],
+                    ])]
     if not args.engine_only:
-        asyncio.run(bench_server(args.preset, args.streams, args.duration))
+        rows = asyncio.run(bench_server(args.preset, args.streams, args.duration))
+        tables.append(Table(f"Server: {args.streams} concurrent streams at time scale 1, "
+                            f"{args.duration:g} s measured after a {WARMUP_S:g} s warm-up",
+                            ["figure", "value", "unit"], rows,
+                            "Served over modeled is how far the real-time server fell behind "
+                            "the modeled GPU (1 is not at all)."))
+    save(args, "bench_sim", title="What the simulator costs",
+         command=command("loadtest.bench_sim", sys.argv[1:] if argv is None else argv),
+         tables=tables)
     return 0
 
 

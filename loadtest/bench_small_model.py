@@ -3,6 +3,7 @@ requests that need the large one.
 
     python -m loadtest.bench_small_model [--requests 300] [--rate 10] [--easy-share 0.7]
         [--large 1] [--small 1] [--large-blocks 512] [--time-scale 1] [--seed 0] [--json FILE]
+        [--no-record]
 
 `kvgate serve` in front of --large simulators of the large model (llama-3-8b on H100) and
 --small of the small one (llama-3.2-1b on L40S), in this process on loopback, gets the same
@@ -13,7 +14,8 @@ named for the large model, then for the routing alias in mode `easy`, then in mo
 An --easy-share of them are short questions asking for 64 tokens; the rest are hard (code to
 write, "step by step"), asking for 256. Reported per run: the share the small model served, TTFT
 and TPOT of the hard requests (which always need the large model) and of all, and the wall time.
-Exit code 1 if any request failed.
+The table goes to `loadtest/results/bench_small_model.json` (`--no-record`: nowhere). Exit code 1
+if any request failed.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import orjson
 
 from gateway.config import Settings
 from gateway.serve import running_gateway
+from loadtest.results import Table, add_arguments, command, save
 from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS, SMALL_PRESET
 from loadtest.streamed import streamed_chat
@@ -163,9 +166,30 @@ async def run(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "wb") as out:
             out.write(orjson.dumps({"config": {k: v for k, v in vars(args).items()
-                                               if k != "json"}, "runs": results},
-                                   option=orjson.OPT_INDENT_2))
-    return 1 if failed else 0
+                                               if k not in ("json", "results_dir")},
+                                    "runs": results}, option=orjson.OPT_INDENT_2))
+    if failed:
+        print(f"FAILED: {failed} requests failed (nothing recorded)")
+        return 1
+    save(args, "bench_small_model", title="Small-model routing: the hard requests' latency",
+         command=args.command, tables=[table(results)],
+         notes=f"{args.requests} streamed chats at {args.rate:g}/s (Poisson, open loop), "
+               f"{args.easy_share:.0%} easy (64 tokens asked), the rest hard (256); {args.large} x "
+               f"{DEFAULT_PRESET} with {args.large_blocks or 'its preset'} KV blocks + "
+               f"{args.small} x {SMALL_PRESET}, time scale {args.time_scale:g}; the same "
+               "requests in every run.")
+    return 0
+
+
+def table(results: dict[str, Any]) -> Table:
+    return Table("One run per routing (times in ms)",
+                 ["run", "small model's share", "hard TTFT p50", "hard TTFT p99",
+                  "hard TPOT p50", "all TTFT p50", "all TTFT p99", "failed", "wall s"],
+                 [[name, s["small_share"], s["hard_ttft_p50_ms"], s["hard_ttft_p99_ms"],
+                   s["hard_tpot_p50_ms"], s["all_ttft_p50_ms"], s["all_ttft_p99_ms"],
+                   s["failed"], s["wall_s"]] for name, s in results.items()],
+                 "Hard requests always need the large model: their latency is what moving the "
+                 "easy ones away buys.")
 
 
 def _f(value: float | None) -> str:
@@ -186,8 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         " tokens, a GPU whose memory mostly holds the weights; 0: the preset's)")
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure here")
+    add_arguments(parser)
     args = parser.parse_args(argv)
+    args.command = command("loadtest.bench_small_model", sys.argv[1:] if argv is None else argv)
     if not (1 <= args.requests <= 20_000 and args.rate > 0 and args.large >= 1
             and args.small >= 1 and 0.0 <= args.easy_share <= 1.0 and args.time_scale > 0):
         print("bad usage: requests 1..20000; rate > 0; large, small >= 1; easy-share in 0..1",

@@ -1,13 +1,15 @@
 """CPU cost of the telemetry calls alone, per request: telemetry on vs off, side by side.
 
-    .venv/bin/python -m loadtest.bench_telemetry [--requests 20000] [--repeat 3]
+    .venv/bin/python -m loadtest.bench_telemetry [--requests 20000] [--repeat 3] [--no-record]
 
 Each configuration gets a fresh `Telemetry` and the same pre-generated requests (a seeded mix of
 streamed misses, cache hits, non-streamed and rejected requests over a few models and backends),
 and runs exactly what the gateway will call per request: `request_started`, `trace.inject` when
 the request is dispatched, `request_finished`. CPU is process CPU time (`time.process_time`), so
 the batch span processor's export thread counts too; each timed run ends with a flush. Requests
-and timings are built before the clock starts. The end-to-end gateway comparison comes later.
+and timings are built before the clock starts. The end-to-end comparison, a whole gateway with
+telemetry on and off, is `loadtest/bench_gateway_telemetry.py`. The table goes to
+`loadtest/results/bench_telemetry.json` (`--no-record`: nowhere).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from gateway.telemetry import BackendGauges, RequestOutcome, RequestTiming, Telemetry
 from gateway.telemetry.settings import TelemetrySettings
+from loadtest.results import Table, add_arguments, command, save
 
 MODELS = ("llama-3-8b", "llama-3-70b", "qwen2-7b")
 BACKENDS = ("b0", "b1", "b2", "b3")
@@ -186,6 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3, help="runs per config; median reported")
     parser.add_argument("--seed", type=int, default=42)
+    add_arguments(parser)
     args = parser.parse_args(argv)
     requests = simulated_requests(args.requests, args.seed)
     results: dict[str, list[Result]] = {config.name: [] for config in CONFIGS}
@@ -194,16 +198,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             results[config.name].append(run(config, requests))
     print(f"telemetry calls per request: {args.requests} simulated requests per run, "
           f"median of {args.repeat} runs, Python {sys.version.split()[0]}")  # fmt: skip
-    print(f"machine speed, for scale: sum(range(1000)) takes {calibration_us():.1f} us")
+    calibration = calibration_us()
+    print(f"machine speed, for scale: sum(range(1000)) takes {calibration:.1f} us")
     print(f"{'config':<46} {'CPU us/req':>10} {'wall us/req':>11} {'spans':>8} {'log lines':>9} "
           f"{'/metrics ms':>11}")  # fmt: skip
+    rows: list[list[object]] = []
+    base = statistics.median(r.cpu_us for r in results[CONFIGS[0].name])
     for config in CONFIGS:
         runs = results[config.name]
+        cpu = statistics.median(r.cpu_us for r in runs)
         print(
-            f"{config.name:<46} {statistics.median(r.cpu_us for r in runs):>10.1f}"
+            f"{config.name:<46} {cpu:>10.1f}"
             f" {statistics.median(r.wall_us for r in runs):>11.1f} {runs[-1].spans:>8}"
             f" {runs[-1].log_lines:>9} {statistics.median(r.render_ms for r in runs):>11.2f}"
         )
+        rows.append([config.name, round(cpu, 1), round(cpu / base, 2),
+                     round(statistics.median(r.wall_us for r in runs), 1), runs[-1].spans,
+                     runs[-1].log_lines, round(statistics.median(r.render_ms for r in runs), 2)])
+    save(args, "bench_telemetry", title="Telemetry calls alone: CPU per request",
+         command=command("loadtest.bench_telemetry", sys.argv[1:] if argv is None else argv),
+         tables=[Table(f"{args.requests} simulated requests per run, median of {args.repeat} "
+                       "runs, the configurations interleaved",
+                       ["configuration", "CPU µs/request", "vs off", "wall µs/request", "spans",
+                        "log lines", "/metrics render ms"], rows,
+                       "`vs off` is the CPU time's ratio to the first row's, measured in the "
+                       "same run.")],
+         notes=f"For the machine's speed: sum(range(1000)) took {calibration:.1f} µs there.")
     return 0
 
 

@@ -1,7 +1,7 @@
 """What the gateway adds to a streamed request, measured on loopback.
 
     python -m loadtest.proxy_bench [--requests 300] [--chunks 100] [--concurrency 1] [--cache]
-        [--rounds 1]
+        [--rounds 1] [--no-record]
 
 The same streamed chat requests go straight to a fast upstream (it writes `--chunks` SSE content
 events, then finish, usage if asked for, and [DONE], as fast as it can) and then through the
@@ -10,13 +10,15 @@ between the two runs is the gateway's own CPU time: per request and per relayed 
 does not ask for usage, so the gateway's run includes asking the upstream for it and dropping the
 usage event. With --cache a third run goes through a gateway whose response cache is on (in
 memory) and never hits (every prompt differs): what looking a request up, collecting its streamed
-answer and storing it cost. Loopback only; the run is bounded by --requests.
+answer and storing it cost. Loopback only; the run is bounded by --requests. The table goes to
+`loadtest/results/proxy_bench.json` (`--no-record`: nowhere).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
@@ -29,6 +31,7 @@ from aiohttp import web
 from gateway.config import Settings
 from gateway.proxy import Outcome
 from gateway.serve import running_gateway
+from loadtest.results import Table, add_arguments, command, save
 
 MODEL = "bench"
 MAX_REQUESTS = 100_000
@@ -112,7 +115,8 @@ def _drop(outcome: Outcome) -> None:
 
 
 async def bench(requests: int, chunks: int, concurrency: int, cache: bool = False,
-                rounds: int = 1) -> None:
+                rounds: int = 1) -> Table:
+    """Prints the runs and returns them as a table."""
     events = _stream(chunks)
     # The client does not ask for usage; the gateway does, and drops the usage event it relays.
     expected = sum(len(e) for e in events if b'"usage"' not in e)
@@ -158,9 +162,22 @@ async def bench(requests: int, chunks: int, concurrency: int, cache: bool = Fals
         print(f"  the cache, every request a miss: {extra / requests * 1e3:7.3f} ms per request, "
               f"{extra / relayed * 1e6:6.2f} us per event more "
               f"({runs['+cache'] / runs['gateway']:.2f}x the gateway's time)")
+    rows: list[list[object]] = []
+    for name, seconds in runs.items():
+        over = seconds - runs["direct"]
+        rows.append([name, round(seconds, 3), round(requests / seconds, 1),
+                     round(relayed / seconds), round(seconds / runs["direct"], 2),
+                     None if name == "direct" else round(over / requests * 1e3, 3),
+                     None if name == "direct" else round(over / relayed * 1e6, 2)])
+    return Table(f"{requests} streamed requests x {len(events)} SSE events, concurrency "
+                 f"{concurrency}, best of {rounds} alternating round{'s' if rounds > 1 else ''}",
+                 ["path", "seconds", "requests/s", "events/s", "vs direct",
+                  "added ms/request", "added µs/event"], rows,
+                 "Upstream, gateway and client share one process and one uvloop loop, so the "
+                 "time added over `direct` is the gateway's own CPU, its two HTTP hops included.")
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m loadtest.proxy_bench",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=300)
@@ -170,13 +187,18 @@ def main() -> None:
                         help="alternate the runs this many times and keep each one's best")
     parser.add_argument("--cache", action="store_true",
                         help="also through a gateway with the response cache on, never hitting")
-    args = parser.parse_args()
+    add_arguments(parser)
+    args = parser.parse_args(argv)
     if not 1 <= args.requests <= MAX_REQUESTS:
         parser.error(f"--requests must be in 1..{MAX_REQUESTS}")
     if args.chunks < 1 or args.concurrency < 1 or args.rounds < 1:
         parser.error("--chunks, --concurrency and --rounds must be >= 1")
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(bench(args.requests, args.chunks, args.concurrency, args.cache, args.rounds))
+        table = runner.run(bench(args.requests, args.chunks, args.concurrency, args.cache,
+                                 args.rounds))
+    save(args, "proxy_bench", title="What the gateway adds to a streamed request",
+         command=command("loadtest.proxy_bench", sys.argv[1:] if argv is None else argv),
+         tables=[table])
 
 
 if __name__ == "__main__":

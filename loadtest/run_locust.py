@@ -1,16 +1,18 @@
 """Run the locust load test headless, for a bounded time, against `kvgate demo` (or a gateway).
 
     .venv/bin/python -m loadtest.run_locust [--users 16] [--spawn-rate 8] [--run-time 60s]
-        [--workload chat] [--seed 0] [--think-scale 1.0] [--out loadtest/results/locust]
-        [--host URL | --backends 3 --time-scale 1]
+        [--workload chat] [--seed 0] [--think-scale 1.0] [--out loadtest/raw/locust]
+        [--host URL | --backends 3 --time-scale 1] [--no-record]
 
 Without --host it starts `kvgate demo` on a free loopback port (--backends simulators at
 --time-scale) and waits until the gateway is ready; then it runs locust (loadtest/locustfile.py)
 in a subprocess, so gevent's monkey-patching stays there, writes locust's CSV files under the
 --out prefix, the final figures (`<out>_final.json`, after in-flight replies finished) and a
 summary (`<out>_summary.txt`) of every request type (chat, TTFT, TPOT, ITL): count, failures and
-percentiles in milliseconds. With a --time-scale above 1 the simulated GPUs
-run that much faster than modeled, so times are that much shorter than a real fleet's.
+percentiles in milliseconds. A run that succeeds also records its summary in
+`loadtest/results/run_locust.json` (`--no-record`: nowhere); the raw files under --out (by default
+`loadtest/raw/`) are not committed. With a --time-scale above 1 the simulated GPUs run that much
+faster than modeled, so times are that much shorter than a real fleet's.
 
 Exit code: 0 when locust succeeded and no request failed; 1 when any request failed, no reply
 completed, locust failed or the demo died; 2 on bad usage.
@@ -31,6 +33,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from loadtest.results import Table, add_arguments, command, save
 from loadtest.workloads import WORKLOADS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,24 +105,30 @@ def run_locust(host: str, args: argparse.Namespace) -> int:
     return subprocess.run(cmd, cwd=REPO, env=env, check=False).returncode
 
 
-def summarize(figures: dict[str, dict[str, float]]) -> tuple[str, int, int]:
-    """(summary text, failures, completed chat replies) from the locustfile's final figures."""
-    header = ["type", "count", "failures", "p50 ms", "p90 ms", "p99 ms", "mean ms"]
-    lines = [header]
-    failures = completed = 0
+HEADER = ("type", "count", "failures", "p50 ms", "p90 ms", "p99 ms", "mean ms")
+
+
+def rows(figures: dict[str, dict[str, float]]) -> list[list[str | int | float | None]]:
+    """One row per request type (HEADER's columns) from the locustfile's final figures."""
+    out: list[list[str | int | float | None]] = []
     for kind in TYPES:
         row = figures.get("POST chat" if kind == "chat" else f"{kind} chat")
         if row is None:
-            lines.append([kind, "0", "0", "-", "-", "-", "-"])
-            continue
-        count, failed = int(row["count"]), int(row["failures"])
-        failures += failed
-        if kind == "chat":
-            completed = count - failed
-        lines.append([kind, str(count), str(failed),
-                      *(f"{row[k]:.0f}" for k in ("p50_ms", "p90_ms", "p99_ms")),
-                      f"{row['mean_ms']:.1f}"])
-    widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
+            out.append([kind, 0, 0, None, None, None, None])
+        else:
+            out.append([kind, int(row["count"]), int(row["failures"]),
+                        *(round(row[k]) for k in ("p50_ms", "p90_ms", "p99_ms")),
+                        round(row["mean_ms"], 1)])
+    return out
+
+
+def summarize(figures: dict[str, dict[str, float]]) -> tuple[str, int, int]:
+    """(summary text, failures, completed chat replies) from the locustfile's final figures."""
+    table = rows(figures)
+    failures = sum(int(r[2] or 0) for r in table)
+    completed = int(table[0][1] or 0) - int(table[0][2] or 0)
+    lines = [list(HEADER)] + [["-" if c is None else str(c) for c in r] for r in table]
+    widths = [max(len(r[i]) for r in lines) for i in range(len(HEADER))]
     text = "\n".join("  ".join(c.rjust(w) if i else c.ljust(w)
                                for i, (c, w) in enumerate(zip(r, widths, strict=True)))
                      for r in lines)
@@ -142,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="llama-3-8b")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--think-scale", type=float, default=1.0)
-    parser.add_argument("--out", default="loadtest/results/locust",
-                        help="CSV and summary path prefix (default loadtest/results/locust)")
+    parser.add_argument("--out", default="loadtest/raw/locust",
+                        help="CSV and summary path prefix (default loadtest/raw/locust)")
+    add_arguments(parser)
     args = parser.parse_args(argv)
     if args.users < 1 or not args.spawn_rate > 0 or args.think_scale < 0:
         print("run_locust: --users >= 1, --spawn-rate > 0 and --think-scale >= 0 are required",
@@ -167,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     if not final.exists():
         print(f"run_locust: locust wrote no {final} (exit code {code})", file=sys.stderr)
         return 1
-    text, failures, completed = summarize(json.loads(final.read_text(encoding="utf-8")))
+    figures = json.loads(final.read_text(encoding="utf-8"))
+    text, failures, completed = summarize(figures)
     summary = (f"locust {args.workload} workload, {args.users} users, {args.run_time} against "
                f"{'kvgate demo' if demo is not None else host}"
                + (f" (time scale {args.time_scale:g})" if demo is not None else "")
@@ -180,6 +191,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run_locust: FAILED ({failures} failures, {completed} replies, locust exit code "
               f"{code})", file=sys.stderr)
         return 1
+    save(args, "run_locust", title=f"Locust against {'kvgate demo' if demo else 'a gateway'}",
+         command=command("loadtest.run_locust", sys.argv[1:] if argv is None else argv),
+         tables=[Table(f"{args.workload} workload, {args.users} users, {args.run_time}",
+                       list(HEADER), rows(figures),
+                       "`chat` is locust's own timer (it stops at the response headers, which "
+                       "the gateway sends with the first token); TTFT, TPOT and ITL (every gap "
+                       "between content chunks) are reported by the users.")],
+         notes=summary.splitlines()[0])
     return 0
 
 

@@ -1,14 +1,27 @@
-"""The cache and small-model benchmarks run end to end on a small budget: live traffic through
-the real gateway to simulators (and a redis-server of their own), figures that add up, exit 0."""
+"""The cache, small-model and index benchmarks run end to end on a small budget: live traffic
+through the real gateway to simulators (and a redis-server of their own), figures that add up,
+exit 0, and a valid result record in the results directory they are given."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
 import pytest
 
-from loadtest import bench_cache, bench_index, bench_small_model
+from loadtest import bench_cache, bench_fleet, bench_index, bench_small_model
+from loadtest.fleetsim.backends import parse_fleet
+from loadtest.fleetsim.experiment import Contender, Experiment, run_experiment
+from loadtest.results import Record, load
+from loadtest.workloads import workload
+
+
+def _record(directory: Path, name: str) -> Record:
+    rec = load(directory / f"{name}.json")
+    assert rec.command.startswith(f".venv/bin/python -m loadtest.{name} ")
+    assert "--results-dir" not in rec.command
+    return rec
 
 
 def test_the_cache_benchmark_moves_work_off_the_backends(tmp_path: Path) -> None:
@@ -16,7 +29,7 @@ def test_the_cache_benchmark_moves_work_off_the_backends(tmp_path: Path) -> None
     out = tmp_path / "cache.json"
     code = bench_cache.main(["--requests", "40", "--questions", "10", "--concurrency", "4",
                              "--time-scale", "20", "--lookups", "40", "--stores", stores,
-                             "--json", str(out)])
+                             "--json", str(out), "--results-dir", str(tmp_path)])
     assert code == 0
     result = json.loads(out.read_text())
     off, memory = result["live"]["off"], result["live"]["memory"]
@@ -26,13 +39,17 @@ def test_the_cache_benchmark_moves_work_off_the_backends(tmp_path: Path) -> None
     assert memory["backend_tokens"] < off["backend_tokens"]
     assert memory["false_hits"] == 0
     assert set(result["lookup_us"]) == set(stores.split(",")) - {"off"}
+    live, lookups = _record(tmp_path, "bench_cache").tables
+    assert [row[0] for row in live.rows] == stores.split(",")
+    assert [row[0] for row in lookups.rows] == ["memory", "redis"]
 
 
 def test_the_small_model_benchmark_sends_the_easy_share_to_the_small_model(
         tmp_path: Path) -> None:
     out = tmp_path / "small.json"
     code = bench_small_model.main(["--requests", "20", "--rate", "40", "--easy-share", "0.5",
-                                   "--time-scale", "20", "--json", str(out)])
+                                   "--time-scale", "20", "--json", str(out),
+                                   "--results-dir", str(tmp_path)])
     assert code == 0
     runs = json.loads(out.read_text())["runs"]
     assert runs["large only"]["small_share"] == 0.0
@@ -40,7 +57,54 @@ def test_the_small_model_benchmark_sends_the_easy_share_to_the_small_model(
     assert runs["auto, easy"]["small_share"] == pytest.approx(
         sum(not hard for hard, _ in plan) / 20)
     assert all(run["failed"] == 0 for run in runs.values())
+    (table,) = _record(tmp_path, "bench_small_model").tables
+    assert [row[0] for row in table.rows] == list(runs)
 
 
-def test_the_index_benchmark_finds_what_a_brute_force_scan_finds() -> None:
-    assert bench_index.main(["--members", "40", "--lookups", "20"]) == 0
+
+
+def test_the_index_benchmark_finds_what_a_brute_force_scan_finds(tmp_path: Path) -> None:
+    assert bench_index.main(["--members", "40", "--lookups", "20",
+                             "--results-dir", str(tmp_path)]) == 0
+    (table,) = _record(tmp_path, "bench_index").tables
+    assert all(row[-1] == "yes" for row in table.rows)
+
+
+def test_no_record_writes_no_record(tmp_path: Path) -> None:
+    assert bench_index.main(["--members", "20", "--lookups", "4", "--no-record",
+                             "--results-dir", str(tmp_path)]) == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+TINY_RUNS = {  # bench_fleet's smallest run measures three workloads' capacity: too long here
+    "bench_telemetry": ["--requests", "200", "--repeat", "1"],
+    "bench_sim": ["--streams", "8", "--engine-only"],
+    "proxy_bench": ["--requests", "5", "--chunks", "5", "--cache"],
+    "bench_gateway_telemetry": ["--requests", "20", "--rounds", "1"],
+}
+
+
+@pytest.mark.parametrize("name", list(TINY_RUNS), ids=[f"{n}-records-its-run" for n in TINY_RUNS])
+def test_every_benchmark_records_its_run_with_the_command(name: str, tmp_path: Path) -> None:
+    module = importlib.import_module(f"loadtest.{name}")
+    code = module.main([*TINY_RUNS[name], "--results-dir", str(tmp_path)])
+    assert code in (0, None)
+    rec = _record(tmp_path, name)
+    assert rec.command.endswith(" ".join(TINY_RUNS[name]))
+    assert all(table.rows for table in rec.tables)
+
+
+def test_the_fleet_benchmark_tables_each_load_level_with_its_spread() -> None:
+    report = run_experiment(Experiment(
+        fleet=parse_fleet("2"), contenders=(Contender("round_robin", False), bench_fleet.KVGATE),
+        workload=workload("chat"), rates=(4.0, 8.0), duration_s=2.0, seeds=(0, 1)))
+    tables = bench_fleet.scenario_tables("chat", report)
+    assert [t.title for t in tables] == [
+        "chat at 4.00 requests/s, means over 2 seeds",
+        "chat at 4.00 requests/s: spread over seeds (min .. max)",
+        "chat at 8.00 requests/s, means over 2 seeds",
+        "chat at 8.00 requests/s: spread over seeds (min .. max)"]
+    means = tables[0]
+    assert means.columns[:6] == ["policy", "done", "rej", "TTFT p50", "TTFT p90", "TTFT p99"]
+    assert [row[0] for row in means.rows] == ["round_robin", "cost+adm"]
+    assert all(len(row) == len(t.columns) for t in tables for row in t.rows)
