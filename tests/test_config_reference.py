@@ -1,17 +1,18 @@
 """docs/configuration.md is the render of the configuration schema: the committed page equals a
 fresh render, `--check` says when it does not, every key of every settings model is on it with
 its type, default and constraints, and every field outside the cache section has a
-description."""
+description; and the README names only keys that exist, in configurations that load."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 
 from gateway import config_reference
-from gateway.config import CacheSettings, Settings
+from gateway.config import CacheSettings, Settings, load_settings
 
 SECTIONS = config_reference.sections()
 BY_PATH = {s.path: s for s in SECTIONS}
@@ -121,3 +122,43 @@ def test_a_pipe_in_a_description_does_not_split_the_table_row() -> None:
     page = config_reference.render(SECTIONS)
     line = next(ln for ln in page.splitlines() if ln.startswith("| `sha256` |"))
     assert line.count(" | ") == 4 and "\\| sha256sum" in line
+
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+YAML_BLOCKS = re.findall(r"```yaml\n(.*?)```", README, re.S)
+SECTION_NAMES = "|".join(Settings.model_fields)
+# `routing.poll_interval_s` and `server.stream_usage: false` alike
+DOTTED_KEYS = sorted(set(re.findall(rf"`((?:{SECTION_NAMES})\.[a-z_.]+)(?::[^`]*)?`", README)))
+ENV_KEYS = sorted(set(re.findall(r"`(KVGATE_[A-Z0-9_]+)=", README)))
+
+
+def _has_key(model: type[BaseModel], path: list[str]) -> bool:
+    if not path:
+        return True
+    field = model.model_fields.get(path[0])
+    if field is None:
+        return False
+    child = config_reference._model_of(field.annotation)
+    return not path[1:] if child is None else _has_key(child, path[1:])
+
+
+def test_the_readme_shows_configurations_and_names_keys() -> None:
+    assert YAML_BLOCKS and DOTTED_KEYS and ENV_KEYS
+
+
+@pytest.mark.parametrize("block", YAML_BLOCKS, ids=[f"block-{i}" for i in range(len(YAML_BLOCKS))])
+def test_every_configuration_the_readme_shows_loads(tmp_path: Path, block: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(block, encoding="utf-8")
+    load_settings(path, environ={})
+
+
+@pytest.mark.parametrize("key", DOTTED_KEYS)
+def test_every_key_the_readme_names_exists(key: str) -> None:
+    assert _has_key(Settings, key.split(".")), f"README.md names {key}, which is no key"
+
+
+@pytest.mark.parametrize("var", ENV_KEYS)
+def test_every_environment_variable_the_readme_shows_names_a_key(var: str) -> None:
+    path = [p for p in var.removeprefix("KVGATE_").lower().split("__") if not p.isdigit()]
+    assert _has_key(Settings, path), f"README.md shows {var}, which sets no key"
