@@ -101,6 +101,7 @@ class TelemetryConfig(_Section):
         return value
 
     def to_settings(self) -> TelemetrySettings:
+        """The plain settings `gateway.telemetry.Telemetry` is built from."""
         return TelemetrySettings(
             service_name=self.service_name,
             otlp_endpoint=self.otlp_endpoint,
