@@ -11,16 +11,36 @@ from routing.state import METRICS_FORMATS, BackendSpec
 
 
 class BackendSettings(BaseModel):
+    """One inference server. Its load is read from its `/metrics`, in the format given or
+    detected."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    url: str
-    id: str | None = None  # default: b0, b1, ... by position
-    models: tuple[str, ...] = ()  # empty = discover from the backend's /v1/models
-    metrics_format: str = "auto"
-    weight: float = Field(default=1.0, gt=0)
-    labels: dict[str, str] = Field(default_factory=dict)
-    max_batch_total_tokens: int | None = Field(default=None, ge=1)  # TGI's launcher setting
-    kv_unified: bool = False  # llama.cpp: one KV cache shared by its slots (routing/state.py)
+    url: str = Field(
+        description="`http(s)://host[:port][/prefix]`; a trailing `/v1` is dropped (kvgate "
+        "appends the API paths itself).")
+    id: str | None = Field(
+        default=None,
+        description="The name in headers, metrics and logs; null: b0, b1, ... by position.")
+    models: tuple[str, ...] = Field(
+        default=(),
+        description="The models it serves; empty: discovered from its `GET /v1/models`.")
+    metrics_format: str = Field(
+        default="auto",
+        description=f"One of {', '.join(('auto', *METRICS_FORMATS))}; auto: detected from what "
+        "its /metrics answers.")
+    weight: float = Field(default=1.0, gt=0,
+                          description="Its share of the prefix_hash policy's hash ring.")
+    labels: dict[str, str] = Field(default_factory=dict,
+                                   description="Free-form labels carried in its spec; no built-in "
+                                   "policy reads them.")
+    max_batch_total_tokens: int | None = Field(
+        default=None, ge=1,
+        description="TGI: the launcher's `--max-batch-total-tokens`, its KV budget in tokens.")
+    kv_unified: bool = Field(
+        default=False,
+        description="llama.cpp: one KV cache shared by its slots (llama-server without `-np`, "
+        "or with `-kvu`): each slot's context is then the whole capacity, not a share.")
 
     def to_spec(self, default_id: str) -> BackendSpec:
         return BackendSpec(

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -42,99 +41,46 @@ from gateway.routing_settings import (
     SloSettings,
     policy_context,
 )
-from gateway.telemetry import TelemetrySettings
-from gateway.telemetry.otlp import load_otlp_exporter
-from gateway.telemetry.settings import OTLP_PROTOCOLS
+from gateway.server_settings import ServerSettings as ServerSettings
+from gateway.server_settings import TelemetryConfig as TelemetryConfig
 from routing.model_select import DEFAULT_HARD_MARKERS, SmallModelRoute
 from routing.policies import build_router
 from routing.state import BackendSpec
 
 ENV_PREFIX = "KVGATE_"
-MIB = 1024 * 1024
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class ServerSettings(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)  # 0 = any free port
-    # aiohttp's own default (1 MiB) rejects ordinary image requests; OpenAI accepts far more.
-    max_body_bytes: int = Field(default=32 * MIB, ge=1024)
-    connect_timeout_s: float = Field(default=5.0, gt=0)
-    # From sending the request to the response headers and, for streams, the first body chunk.
-    # Covers the backend's queue and prefill, so it is generous; streams have no total timeout.
-    first_byte_timeout_s: float = Field(default=300.0, gt=0)
-    # Upstream connections open at once across all backends (one per in-flight request); 0 = no cap.
-    max_upstream_connections: int = Field(default=8192, ge=0)
-    discovery_timeout_s: float = Field(default=5.0, gt=0)  # GET /v1/models at start-up
-    shutdown_timeout_s: float = Field(default=10.0, ge=0)
-    # Ask backends for usage on every stream (`stream_options.include_usage`), dropping the usage
-    # event from streams whose client did not ask: output lengths and each backend's speed are
-    # learned from it. Off for a server that refuses the field; streams are then timed per event.
-    stream_usage: bool = True
-
-
-class TelemetryConfig(_Section):
-    """The `telemetry` section; `to_settings()` is what `Telemetry` takes. Metrics are always on
-    (GET /metrics); traces are exported only when `otlp_endpoint` is set (the `otlp` extra)."""
-
-    service_name: str = Field(default="kvgate", min_length=1)
-    otlp_protocol: str = "http/protobuf"  # or "grpc"; before the endpoint, whose check reads it
-    # http/protobuf: a base URL (http://collector:4318; /v1/traces is appended) or the full
-    # traces URL; grpc: host:port. None: no tracing, nothing exported, near-zero cost.
-    otlp_endpoint: str | None = None
-    otlp_headers: dict[str, str] = Field(default_factory=dict)
-    trace_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)  # of new traces
-    access_log_sample_rate: float = Field(default=1.0, ge=0.0, le=1.0)  # JSON lines, per request
-    access_log_prompts: bool = False  # the prompt text goes into the access log only when true
-    max_label_values: int = Field(default=200, ge=1)  # distinct values per metric label
-
-    @field_validator("otlp_protocol")
-    @classmethod
-    def _known_protocol(cls, value: str) -> str:
-        if value not in OTLP_PROTOCOLS:
-            raise ValueError(f"must be one of {', '.join(OTLP_PROTOCOLS)}")
-        return value
-
-    @field_validator("otlp_endpoint")
-    @classmethod
-    def _exporter_installed(cls, value: str | None, info: ValidationInfo) -> str | None:
-        """At start-up, not at the first request: the exporter is an optional extra."""
-        if value is None:
-            return None
-        if not value.strip():
-            raise ValueError("must not be blank; leave it out to turn tracing off")
-        protocol = info.data.get("otlp_protocol", "http/protobuf")
-        settings = TelemetrySettings(otlp_endpoint=value, otlp_protocol=protocol)
-        load_otlp_exporter(settings).shutdown()
-        return value
-
-    def to_settings(self) -> TelemetrySettings:
-        return TelemetrySettings(
-            service_name=self.service_name,
-            otlp_endpoint=self.otlp_endpoint,
-            otlp_protocol=self.otlp_protocol,
-            otlp_headers=MappingProxyType(dict(self.otlp_headers)),
-            trace_sample_ratio=self.trace_sample_ratio,
-            access_log_sample_rate=self.access_log_sample_rate,
-            access_log_prompts=self.access_log_prompts,
-            max_label_values=self.max_label_values,
-        )
-
-
 class SmallModelRouteSettings(_Section):
-    """A routing alias choosing between a large and a small model (routing/model_select.py)."""
+    """One routing alias choosing, per request, between a large and a small model. A request is
+    easy when its prompt, its `max_tokens` and its user turns are within the limits below and
+    its text has none of the hard markers."""
 
-    alias: str = Field(min_length=1)
-    large: str = Field(min_length=1)
-    small: str = Field(min_length=1)
-    mode: Literal["easy", "overflow"] = "easy"
-    max_prompt_tokens: int = Field(default=1024, ge=1)
-    max_output_tokens: int = Field(default=512, ge=1)
-    max_turns: int = Field(default=6, ge=1)
-    hard_markers: tuple[str, ...] = DEFAULT_HARD_MARKERS
+    alias: str = Field(min_length=1, description="The model name clients send.")
+    large: str = Field(min_length=1, description="The model hard requests go to.")
+    small: str = Field(min_length=1, description="The model easy requests may go to.")
+    mode: Literal["easy", "overflow"] = Field(
+        default="easy",
+        description="easy: every easy request goes to the small model. overflow: only while the "
+        "large model is busy (requests wait for it in the gateway queue, or every backend "
+        "serving it reports waiting sequences or KV usage at routing.high_water) or when its "
+        "admission refuses the request.")
+    max_prompt_tokens: int = Field(
+        default=1024, ge=1,
+        description="Easy prompts are at most this long (estimated at 4 characters a token).")
+    max_output_tokens: int = Field(
+        default=512, ge=1,
+        description="Easy requests ask for at most this many tokens; one without `max_tokens` "
+        "is not easy.")
+    max_turns: int = Field(default=6, ge=1,
+                           description="Easy conversations have at most this many user turns.")
+    hard_markers: tuple[str, ...] = Field(
+        default=DEFAULT_HARD_MARKERS,
+        description="A request whose text contains one of these (case-insensitive) is hard; "
+        "the list replaces the default, it does not extend it.")
 
     @model_validator(mode="after")
     def _distinct_models(self) -> SmallModelRouteSettings:
@@ -153,15 +99,27 @@ class SmallModelRouteSettings(_Section):
 
 
 class ApiKeySettings(_Section):
-    """One API key: the key itself or its SHA-256 (hex), a name for logs, its tenant."""
+    """One API key: the key itself or its SHA-256 (hex), exactly one of the two."""
 
-    name: str = Field(min_length=1)
-    key: str | None = Field(default=None, min_length=16)
-    sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
-    tenant: str | None = Field(default=None, min_length=1)  # default: the name
-    admin: bool = False  # may read /admin/*
-    rpm: int | None = Field(default=None, ge=1)  # completion requests a minute, per replica
-    tpm: int | None = Field(default=None, ge=1)  # model tokens a minute (gateway/ratelimit.py)
+    name: str = Field(min_length=1, description="The key's name, for logs.")
+    key: str | None = Field(default=None, min_length=16, description="The key itself.")
+    sha256: str | None = Field(
+        default=None, pattern=r"^[0-9a-fA-F]{64}$",
+        description="The key's SHA-256 in hex instead of the key (`printf %s KEY | sha256sum`).")
+    tenant: str | None = Field(
+        default=None, min_length=1,
+        description="The tenant of its requests (fair-share queue, tenant cache scope); "
+        "null: the key's name.")
+    admin: bool = Field(default=False, description="May use the admin views (`/admin/*`).")
+    rpm: int | None = Field(
+        default=None, ge=1,
+        description="Completion requests a minute, per replica (a token bucket holding as "
+        "many); null: no limit.")
+    tpm: int | None = Field(
+        default=None, ge=1,
+        description="Model tokens computed a minute, per replica: a request is charged its "
+        "estimate when sent to a backend and settled against its usage when it ends; null: no "
+        "limit.")
 
     @model_validator(mode="after")
     def _one_secret(self) -> ApiKeySettings:
@@ -177,10 +135,13 @@ class ApiKeySettings(_Section):
 
 
 class AuthSettings(_Section):
-    """API keys (gateway/auth.py); none listed: no authentication."""
+    """API keys. None listed: no authentication. Once one is listed every request needs a listed
+    key (`Authorization: Bearer KEY` or `api-key: KEY`), except `GET /health`, `GET /ready` and,
+    unless protected, `GET /metrics`."""
 
-    keys: tuple[ApiKeySettings, ...] = ()
-    protect_metrics: bool = False  # true: GET /metrics needs a key too
+    keys: tuple[ApiKeySettings, ...] = Field(default=(), description="The accepted keys.")
+    protect_metrics: bool = Field(default=False,
+                                  description="true: `GET /metrics` needs a key too.")
 
     @field_validator("keys")
     @classmethod
@@ -234,16 +195,26 @@ class CacheSettings(_Section):
 
 
 class Settings(_Section):
-    server: ServerSettings = ServerSettings()
-    backends: tuple[BackendSettings, ...] = ()
-    model_aliases: dict[str, str] = Field(default_factory=dict)  # alias -> real model name
-    routing: RoutingSettings = RoutingSettings()
-    slo: SloSettings = SloSettings()
-    advanced: AdvancedSettings = AdvancedSettings()
-    telemetry: TelemetryConfig = TelemetryConfig()
-    cache: CacheSettings = CacheSettings()
-    auth: AuthSettings = AuthSettings()
-    small_model: tuple[SmallModelRouteSettings, ...] = ()  # routing aliases: large or small
+    """The whole configuration: every section, each optional."""
+
+    server: ServerSettings = Field(default=ServerSettings(), description="The HTTP server.")
+    backends: tuple[BackendSettings, ...] = Field(
+        default=(), description="The inference servers, one entry each.")
+    model_aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="Model names clients may send, each mapped to a model a backend serves "
+        "(`{gpt-4o-mini: llama-3-8b}`).")
+    routing: RoutingSettings = Field(default=RoutingSettings(),
+                                     description="The policy, admission, queue and scrapes.")
+    slo: SloSettings = Field(default=SloSettings(), description="The latency targets.")
+    advanced: AdvancedSettings = Field(default=AdvancedSettings(),
+                                       description="Expert knobs of the routing.")
+    telemetry: TelemetryConfig = Field(default=TelemetryConfig(),
+                                       description="Metrics, traces, access log.")
+    cache: CacheSettings = Field(default=CacheSettings(), description="The response cache.")
+    auth: AuthSettings = Field(default=AuthSettings(), description="API keys.")
+    small_model: tuple[SmallModelRouteSettings, ...] = Field(
+        default=(), description="Routing aliases choosing between a large and a small model.")
 
     @model_validator(mode="after")
     def _routes_distinct(self) -> Settings:

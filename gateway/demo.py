@@ -68,6 +68,7 @@ def banner(url: str, *, backends: int, time_scale: float) -> str:
             "Try it:",
             f"  {curl} -i",
             "",
+            "  # Python: pip install openai first (kvgate does not install it), then",
             "  from openai import OpenAI",
             f'  client = OpenAI(base_url="{url}/v1", api_key="unused")',
             "  for chunk in client.chat.completions.create(",

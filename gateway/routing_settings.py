@@ -25,39 +25,69 @@ class _Section(BaseModel):
 
 
 class QueueSettings(_Section):
-    """The gateway queue, per model: requests wait here while no backend can take them under its
-    KV high-water mark."""
+    """The gateway queue, per model: requests wait here, highest priority class first and fair
+    between tenants, while no backend can take them under its KV high-water mark."""
 
-    max_depth: int = Field(default=1024, ge=0)  # beyond this, 429 with Retry-After at once
-    timeout_s: float = Field(default=30.0, gt=0)  # waiting longer answers 503 with Retry-After
-    max_per_tenant: int | None = Field(default=None, ge=1)  # one tenant's share of the queue
+    max_depth: int = Field(default=1024, ge=0,
+                           description="Beyond this many waiting, 429 with Retry-After at once.")
+    timeout_s: float = Field(default=30.0, gt=0,
+                             description="Waiting longer answers 503 with Retry-After.")
+    max_per_tenant: int | None = Field(
+        default=None, ge=1,
+        description="One tenant's share of the queue, at most; null: no per-tenant cap.")
 
 
 class RoutingSettings(_Section):
-    policy: str = DEFAULT_POLICY
-    # Admission: a backend takes a request only if its peak KV stays under this fraction of the
-    # backend's blocks (at an acceptable preemption risk, advanced.max_preemption_risk) and, with
-    # slo.admission, within the TPOT SLO; when no backend can, the request waits in the gateway
-    # queue or is refused. admission: false turns all of it off.
-    admission: bool = True
-    high_water: float = Field(default=0.9, gt=0, le=1)
-    # cost: a prompt much longer than the recent ones goes to a slower backend that can give it
-    # its first token soon and keep its replies within the TPOT SLO, sparing the fast backends'
-    # decodes the long prefills (routing/scheduling/offload.py; parameters in advanced.offload).
-    # false: long prompts go where the scores say, mostly the fastest.
-    offload_long_prompts: bool = True
-    queue: QueueSettings = QueueSettings()
-    priority_header: str = Field(default="x-kvgate-priority", min_length=1)  # integer class
-    tenant_header: str = Field(default="x-kvgate-tenant", min_length=1)
-    session_header: str | None = None  # session affinity key; the body's `user` field otherwise
-    # model -> tokenizer.json for exact prompt counts (needs the optional `tokenizers` package).
-    tokenizers: dict[str, str] = Field(default_factory=dict)
-    poll_interval_s: float = Field(default=0.1, gt=0)  # each backend's /metrics, this often
-    scrape_timeout_s: float = Field(default=0.5, gt=0)  # one /metrics scrape, connect to body
-    max_snapshot_age_s: float = Field(default=1.0, gt=0)
-    # Failed scrapes or connections in a row that make a backend unhealthy.
-    failure_threshold: int = Field(default=3, ge=1)
-    seed: int | None = None  # seeds the policy's random.Random (tests, reproducible runs)
+    """Which backend gets each request, when a request must wait or is refused, and how the
+    backends' state is read."""
+
+    policy: str = Field(
+        default=DEFAULT_POLICY,
+        description=f"The routing policy: one of {', '.join(policy_names())}.")
+    admission: bool = Field(
+        default=True,
+        description="A backend takes a request only if its peak KV stays under `high_water` "
+        "(at an acceptable preemption risk, advanced.max_preemption_risk) and, with "
+        "slo.admission, within the TPOT SLO; when no backend can, the request waits in the "
+        "gateway queue or is refused. false turns all of it off.")
+    high_water: float = Field(
+        default=0.9, gt=0, le=1,
+        description="The fraction of a backend's KV blocks a request's peak may fill.")
+    offload_long_prompts: bool = Field(
+        default=True,
+        description="cost policy: a prompt much longer than the recent ones goes to a slower "
+        "backend that can give it its first token soon and keep its replies within the TPOT "
+        "SLO, sparing the fast backends' decodes the long prefills (parameters in "
+        "advanced.offload). false: long prompts go where the scores say, mostly the fastest.")
+    queue: QueueSettings = Field(default=QueueSettings(), description="The gateway queue.")
+    priority_header: str = Field(
+        default="x-kvgate-priority", min_length=1,
+        description="Request header carrying the priority class (an integer, higher first).")
+    tenant_header: str = Field(
+        default="x-kvgate-tenant", min_length=1,
+        description="Request header naming the tenant (fair-share key) when API keys are off.")
+    session_header: str | None = Field(
+        default=None,
+        description="Request header carrying the session affinity key; null: the body's "
+        "`user` field.")
+    tokenizers: dict[str, str] = Field(
+        default_factory=dict,
+        description="model -> path of its tokenizer.json, for exact prompt counts (needs the "
+        "optional `tokenizers` package); other models are estimated from characters.")
+    poll_interval_s: float = Field(default=0.1, gt=0,
+                                   description="Each backend's /metrics is scraped this often.")
+    scrape_timeout_s: float = Field(default=0.5, gt=0,
+                                    description="One /metrics scrape, connect to body, at most.")
+    max_snapshot_age_s: float = Field(
+        default=1.0, gt=0,
+        description="A backend's scraped state older than this is stale: never read as idle, "
+        "it keeps its last reading less what the gateway sent there since.")
+    failure_threshold: int = Field(
+        default=3, ge=1,
+        description="Failed scrapes or connections in a row that make a backend unhealthy.")
+    seed: int | None = Field(
+        default=None,
+        description="Seeds the policy's random choices (tests, reproducible runs).")
 
     @field_validator("policy")
     @classmethod
@@ -90,59 +120,90 @@ class SloSettings(_Section):
     the SLO even alone is held to twice its idle TPOT. Requests of priority class
     `exempt_priority` or higher (routing.priority_header) are never refused for it."""
 
-    ttft_s: float = Field(default=1.0, gt=0)
-    tpot_s: float = Field(default=0.05, gt=0)
-    admission: bool = True
-    exempt_priority: int | None = None
-
+    ttft_s: float = Field(default=1.0, gt=0, description="Time to first token, the target.")
+    tpot_s: float = Field(default=0.05, gt=0, description="Time per output token, the target.")
+    admission: bool = Field(
+        default=True,
+        description="Refuse (429 `over_slo`, with Retry-After) what would push the replies on "
+        "every backend past `tpot_s`; false: admit up to the KV limits only.")
+    exempt_priority: int | None = Field(
+        default=None,
+        description="Requests of this priority class or higher are never refused for the SLO; "
+        "null: none is exempt.")
 
 class OffloadSettings(_Section):
-    """routing/scheduling/offload.py's rule, for the cost policy."""
+    """The long-prompt offload of the cost policy (routing.offload_long_prompts): which prompts
+    are long and which backends may take them."""
 
-    ratio: float = Field(default=2.0, gt=0)  # long: this many times the recent median prefill
-    slower_factor: float = Field(default=1.5, gt=0)  # slower: a bare decode step this much longer
-    ttft_budget_s: float = Field(default=0.3, gt=0)  # the first token a slower one must promise
-    window: int = Field(default=512, ge=1)  # recent prompts the median is taken over
-    min_seen: int = Field(default=64, ge=1)  # prompts seen before any is called long
+    ratio: float = Field(
+        default=2.0, gt=0,
+        description="A prompt is long when its prefill is at least this many times the recent "
+        "median.")
+    slower_factor: float = Field(
+        default=1.5, gt=0,
+        description="A backend is slower when its bare decode step is this many times the "
+        "fastest's.")
+    ttft_budget_s: float = Field(
+        default=0.3, gt=0,
+        description="The first token a slower backend must promise to get a long prompt.")
+    window: int = Field(default=512, ge=1,
+                        description="Recent prompts the median is taken over.")
+    min_seen: int = Field(default=64, ge=1,
+                          description="Prompts seen before any is called long.")
 
 
 class ProbeSettings(_Section):
-    """routing/scheduling/probe.py's rule, for the cost policy."""
+    """Speed probes of the cost policy: a backend whose learned speed rests on too few replies
+    gets the next request that can show its speed, while it is idle and would serve it soon, so
+    a backend read as too slow at a cold start is measured again."""
 
-    replies_needed: int = Field(default=8, ge=1)  # replies a backend's speed must rest on
-    ttft_budget_s: float = Field(default=0.3, gt=0)  # a probe's predicted first token at most
-    max_probes: int = Field(default=16, ge=1)  # probes per backend, at most
+    replies_needed: int = Field(default=8, ge=1,
+                                description="Replies a backend's speed must rest on.")
+    ttft_budget_s: float = Field(default=0.3, gt=0,
+                                 description="A probe's predicted first token, at most.")
+    max_probes: int = Field(default=16, ge=1, description="Probes per backend, at most.")
 
 
 class AdvancedSettings(_Section):
     """Knobs whose right value depends on the fleet and the traffic; change them with the
-    simulator's figures at hand (`kvgate simulate`)."""
+    simulator's figures at hand (`kvgate simulate`). Each description says what it trades."""
 
-    # Scorer weights of the chosen policy, by scorer name (routing/policies.py), e.g. for cost:
-    # {"ttft": 2, "goodput": 2, "prefill_load": 4.5, "preemption": 1, "prefix": 0.3,
-    # "session": 0.3}. They trade the request's own latency (ttft) against the others' (goodput,
-    # prefill_load) and against cache reuse (prefix, session). Unnamed ones keep their defaults.
-    weights: dict[str, float] = Field(default_factory=dict)
-    # A backend takes a request only at a predicted preemption risk at most this high: lower
-    # queues more in the gateway, higher lets more backends preempt.
-    max_preemption_risk: float = Field(default=0.1, ge=0, le=1)
-    # How long a request may wait for a backend within the TPOT SLO before its 429: longer
-    # serves a few more of them, but a waiting queue head holds up every arrival behind it.
-    slo_wait_s: float = Field(default=0.0, ge=0)
-    # Backends scraped in the same instant (routing/poller.py): larger groups cost less CPU, but
-    # each group's answers are parsed in one burst that delays the gateway's other work.
-    poll_group_size: int = Field(default=32, ge=1)
-    # vLLM backends are asked for every series they expose about this often, and for the load
-    # gauges alone in between: rarer costs less CPU, but the counters, the KV capacity and the
-    # LoRA adapters in a snapshot are older. At or below routing.poll_interval_s: every series
-    # at every scrape.
-    full_scrape_interval_s: float = Field(default=1.0, gt=0)
-    offload: OffloadSettings = OffloadSettings()
-    probe: ProbeSettings = ProbeSettings()
-    # How far actual TTFTs and TPOTs scatter around the predictions (sigma of log(actual /
-    # predicted)): wider makes the goodput scorer less sure of a backend near the SLO.
-    goodput_ttft_spread: float = Field(default=0.5, gt=0)
-    goodput_tpot_spread: float = Field(default=0.35, gt=0)
+    weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="Scorer weights of the chosen policy, by scorer name; unnamed ones keep "
+        "their defaults. For cost: `{ttft: 2, goodput: 2, prefill_load: 4.5, preemption: 1, "
+        "prefix: 0.3, session: 0.3}`. They trade the request's own latency (ttft) against the "
+        "others' (goodput, prefill_load) and against cache reuse (prefix, session). A name the "
+        "policy has no scorer for is an error.")
+    max_preemption_risk: float = Field(
+        default=0.1, ge=0, le=1,
+        description="A backend takes a request only at a predicted preemption risk at most "
+        "this high: lower queues more in the gateway, higher lets more backends preempt.")
+    slo_wait_s: float = Field(
+        default=0.0, ge=0,
+        description="How long a request may wait for a backend within the TPOT SLO before its "
+        "429: longer serves a few more of them, but a waiting queue head holds up every "
+        "arrival behind it.")
+    poll_group_size: int = Field(
+        default=32, ge=1,
+        description="Backends scraped in the same instant: larger groups cost less CPU, but "
+        "each group's answers are parsed in one burst that delays the gateway's other work.")
+    full_scrape_interval_s: float = Field(
+        default=1.0, gt=0,
+        description="vLLM backends are asked for every series they expose about this often, "
+        "and for the load gauges alone in between: rarer costs less CPU, but the counters, the "
+        "KV capacity and the LoRA adapters in a snapshot are older. At or below "
+        "routing.poll_interval_s: every series at every scrape.")
+    offload: OffloadSettings = Field(default=OffloadSettings(),
+                                     description="The long-prompt offload's rule.")
+    probe: ProbeSettings = Field(default=ProbeSettings(), description="The speed probes' rule.")
+    goodput_ttft_spread: float = Field(
+        default=0.5, gt=0,
+        description="How far actual TTFTs scatter around the predictions (sigma of "
+        "log(actual / predicted)): wider makes the goodput scorer less sure of a backend near "
+        "the SLO.")
+    goodput_tpot_spread: float = Field(
+        default=0.35, gt=0, description="The same for TPOTs.")
 
     @field_validator("weights")
     @classmethod
