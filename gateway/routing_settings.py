@@ -9,8 +9,9 @@ from __future__ import annotations
 import importlib.util
 import random
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from routing.dispatch import DispatchConfig
 from routing.policies import DEFAULT_POLICY, PolicyContext, policy_names
@@ -35,6 +36,18 @@ class QueueSettings(_Section):
     max_per_tenant: int | None = Field(
         default=None, ge=1,
         description="One tenant's share of the queue, at most; null: no per-tenant cap.")
+
+
+# Keys of earlier versions' `routing` section and where they live now.
+MOVED_ROUTING_KEYS = {
+    "tpot_slo_s": "slo.tpot_s (null there is slo.admission: false)",
+    "slo_wait_s": "advanced.slo_wait_s",
+    "slo_exempt_priority": "slo.exempt_priority",
+    "weights": "advanced.weights",
+    "max_preemption_risk": "advanced.max_preemption_risk",
+    "poll_group_size": "advanced.poll_group_size",
+    "full_scrape_interval_s": "advanced.full_scrape_interval_s",
+}
 
 
 class RoutingSettings(_Section):
@@ -88,6 +101,17 @@ class RoutingSettings(_Section):
     seed: int | None = Field(
         default=None,
         description="Seeds the policy's random choices (tests, reproducible runs).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        """A key that moved to the `slo` or `advanced` section names its new place."""
+        if isinstance(data, dict):
+            moved = sorted(key for key in data if key in MOVED_ROUTING_KEYS)
+            if moved:
+                raise ValueError("; ".join(f"routing.{key} is now {MOVED_ROUTING_KEYS[key]}"
+                                           for key in moved))
+        return data
 
     @field_validator("policy")
     @classmethod

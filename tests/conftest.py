@@ -38,6 +38,7 @@ MODULES = {
     "test_cache_embedders": "loopback",
     "test_cache_eval": "unit",
     "test_cache_guard": "unit",
+    "test_config_reference": "unit",
     "test_cache_index": "unit",
     "test_cache_keys": "unit",
     "test_cache_live": "unit",
