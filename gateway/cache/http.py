@@ -35,6 +35,7 @@ from gateway.cache.answer import (
 from gateway.cache.cache import EXACT, CacheTap, Hit
 from gateway.cache.keys import Bypass, CacheKey, Kind
 from gateway.cache.live import Live
+from gateway.cache.shadow import decoded
 from gateway.config import BackendSettings
 from gateway.errors import CacheUnavailable
 from gateway.exchange import Exchange
@@ -248,6 +249,20 @@ async def admin_cache(request: web.Request) -> web.Response:
         "enabled": True, "store": settings.store, "available": cache.available,
         "semantic": settings.semantic, "similarity_threshold": cache.threshold,
         "entries": entries, "counters": counters}, dumps=_dumps)
+
+
+async def admin_cache_shadow(request: web.Request) -> web.Response:
+    """GET /admin/cache/shadow: shadow mode's records, newest first (`kvgate cache
+    shadow-report --gateway URL`, for any store, the in-memory one included)."""
+    cache = request.app.get(CACHE)
+    if cache is None:
+        return web.json_response({"enabled": False, "records": []}, dumps=_dumps)
+    try:
+        raw = await cache.store.shadow_records()
+    except Exception as exc:
+        raise CacheUnavailable(f"the cache store does not answer: {type(exc).__name__}") from exc
+    records = [record for record in map(decoded, raw) if record is not None]
+    return web.json_response({"enabled": True, "records": records}, dumps=_dumps)
 
 
 async def admin_cache_flush(request: web.Request) -> web.Response:
