@@ -26,7 +26,7 @@ from gateway.cache.embed import hashed_vector
 from gateway.cache.embedders.choice import THRESHOLDS, Kind
 from gateway.cache.index import SemanticIndex
 from gateway.cache.keys import CacheKey
-from gateway.cache.setup import threshold_of
+from gateway.cache.setup import build_cache, threshold_of
 from gateway.cache.shadow import AGREEMENT, agreed, report
 from gateway.cache.store import MemoryStore
 from gateway.cache.vector_index import DenseVectors
@@ -277,3 +277,25 @@ def test_the_defaults_are_semantic_off_and_temperature_zero() -> None:
 def test_the_threshold_defaults_per_embedder(given: dict[str, Any], expected: float) -> None:
     settings = CacheSettings.model_validate({"semantic": "on", "embedder": "hashing", **given})
     assert threshold_of(settings) == expected
+
+
+@pytest.mark.parametrize(("question", "tier"), [
+    pytest.param("How can I reset my password?", SEMANTIC,
+                 id="local model: a paraphrase is a semantic hit from the dense index"),
+    pytest.param("How do I not reset my password?", None,
+                 id="local model: a negation is vetoed by the guard"),
+])
+async def test_the_local_model_is_auto_and_its_dense_vectors_are_searched(
+        question: str, tier: str | None) -> None:
+    settings = CacheSettings.model_validate({"enabled": True, "semantic": "on"})
+    cache = build_cache(settings)  # auto: the local model, installed with the dev extra
+    try:
+        assert threshold_of(settings) == THRESHOLDS[Kind.LOCAL]
+        kept_key = key_of(cache, "How do I reset my password?")
+        cache.keep(kept_key, await cache.embedding(kept_key), PARIS)
+        await drained(cache)
+        found = await cache.lookup(key_of(cache, question))
+        assert (found.hit.tier if found.hit is not None else None) == tier
+        assert found.vector is not None and len(found.vector) == 384
+    finally:
+        await cache.close()
