@@ -31,15 +31,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from gateway.cache.answer import CachedAnswer, StreamCollector, answer_from_payload
+from gateway.cache.answer import CachedAnswer
 from gateway.cache.keys import Bypass, CacheKey, Kind, cache_key
 from gateway.cache.live import Live
 from gateway.cache.semantic import Vetting
 from gateway.cache.shadow import Shadowed, shadow_record
 from gateway.cache.store import CacheStore, Entry
+from gateway.cache.tap import CacheTap as CacheTap  # re-exported: the tap a lookup hands out
 from gateway.cache.vectors import Vector, cosine
 
 log = logging.getLogger("kvgate.cache")
@@ -311,104 +312,11 @@ class ResponseCache:
             log.warning("%s%s", message, suffix)
 
 
-class CacheTap:
-    """The proxy's view of the cache on a miss: sees the relayed answer, stores it if whole."""
-
-    __slots__ = ("_cache", "_key", "_vector", "_collector", "_leads", "_live", "_shadow",
-                 "_rekey", "_carried")
-
-    def __init__(self, cache: ResponseCache, key: CacheKey, vector: Vector | None, *,
-                 leads: bool = False, live: Live | None = None, shadow: Shadowed | None = None,
-                 rekey: Callable[[CachedAnswer], CacheKey] | None = None) -> None:
-        self._cache = cache
-        self._key = key
-        self._vector = vector
-        self._collector: StreamCollector | None = None
-        self._leads = leads  # identical requests may be waiting for this one's answer
-        self._live = live  # identical streams may be following this one
-        self._shadow = shadow  # the semantic hit shadow mode did not serve
-        self._rekey = rekey  # the key an answer naming other weights goes under
-        self._carried = False  # the upstream goes on for followers after the client left
-
-    def followed(self) -> bool:
-        """Identical streams follow this one right now."""
-        return self._live is not None and self._live.followers > 0
-
-    def carry_on(self) -> None:
-        """The client left but followers remain: the upstream is read on for them, and this
-        tap is ended by `carried_end`, not by the request's `release`."""
-        self._carried = True
-
-    def carried_end(self, usage: dict[str, Any] | None, *, whole: bool) -> None:
-        """The upstream read on for followers ended (`whole`: the stream finished)."""
-        self._carried = False
-        if whole:
-            self.stream_ended(usage)
-        self.release()
-
-    def stream_lines(self, lines: bytes) -> None:
-        """Complete SSE lines as relayed to the client."""
-        if self._collector is None:
-            self._collector = StreamCollector(self._key.kind)
-        self._collector.feed(lines)
-        if self._live is not None:
-            self._live.feed(lines)
-
-    def stream_ended(self, usage: dict[str, Any] | None) -> None:
-        """The stream ended whole (no failure): store what it said, if it can be replayed.
-        `usage` is the stream's usage object, which the client may not have been sent."""
-        answer = self._collector.answer() if self._collector is not None else None
-        if answer is None:
-            return
-        if answer.completion_tokens is None and usage is not None:
-            answer = replace(answer, prompt_tokens=_token_count(usage, "prompt_tokens"),
-                             completion_tokens=_token_count(usage, "completion_tokens"))
-        self._kept(answer)
-
-    def whole(self, payload: object) -> None:
-        """A 200 JSON answer, decoded (None when its body was not JSON)."""
-        answer = answer_from_payload(self._key.kind, payload)
-        if answer is not None:
-            self._kept(answer)
-
-    def release(self) -> None:
-        """The request ended, however: followers still waiting ask a backend themselves. While
-        the upstream is carried on for followers, it is that which ends the tap."""
-        if self._carried:
-            return
-        if self._shadow is not None:
-            self._cache.record_shadow(self._shadow, None)
-            self._shadow = None
-        if self._leads:
-            self._leads = False
-            self._cache.settle(self._key, None)
-
-    def _kept(self, answer: CachedAnswer) -> None:
-        if self._shadow is not None:
-            self._cache.record_shadow(self._shadow, answer)
-            self._shadow = None
-        if answer.finish_reason != "length" or self._key.capped:
-            key = self._rekey(answer) if self._rekey is not None else self._key
-            self._cache.keep(key, self._vector, answer)
-        if self._leads:
-            self._leads = False
-            self._cache.settle(self._key, answer)
-
-
 def _revision(configured: str | None, fingerprint: str | None) -> str | None:
     """What the key names the weights by: the configured revision and the learned fingerprint."""
     if configured is None and fingerprint is None:
         return None
     return f"{configured or ''}/{fingerprint or ''}"
-
-
-def _token_count(usage: Mapping[str, Any], name: str) -> int | None:
-    """The count if it is one `CachedAnswer.from_bytes` accepts back (a non-negative int): an
-    answer stored with any other would be read back as corrupt, a miss every time."""
-    value = usage.get(name)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
 
 
 def _close(call: Awaitable[Any]) -> None:
