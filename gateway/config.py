@@ -367,6 +367,8 @@ class CacheSettings(_Section):
     def _store_reachable(self) -> CacheSettings:
         if self.store == "redis" and self.redis_url is None:
             raise ValueError("store 'redis' needs redis_url")
+        if self.embedder == "openai" and not self.embedder_url:
+            raise ValueError("embedder 'openai' needs embedder_url")
         return self
 
 

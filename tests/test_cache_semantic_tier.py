@@ -216,6 +216,7 @@ async def test_shadow_mode_serves_nothing_and_records_whether_the_answers_agreed
     pytest.param("b", AGREEMENT, True, id="embeddings at the agreement cosine agree"),
     pytest.param("b", AGREEMENT - 0.01, False, id="embeddings under it do not"),
     pytest.param(None, None, None, id="no second answer: unknown"),
+    pytest.param("b", None, None, id="other texts the embedder could not embed: unknown"),
 ])
 def test_two_answers_agree_when_identical_or_close_in_meaning(
         answer: str | None, cosine: float | None, expected: bool | None) -> None:
@@ -263,6 +264,13 @@ def test_cache_semantic_reads_its_modes_and_the_old_boolean(given: object, mode:
 def test_cache_semantic_refuses_anything_else_by_name(given: object) -> None:
     with pytest.raises(ValidationError, match="off, shadow or on"):
         CacheSettings.model_validate({"semantic": given})
+
+
+def test_the_remote_embedder_needs_its_url() -> None:
+    with pytest.raises(ValidationError, match="embedder 'openai' needs embedder_url"):
+        CacheSettings.model_validate({"embedder": "openai"})
+    assert CacheSettings.model_validate(
+        {"embedder": "openai", "embedder_url": "http://127.0.0.1:9/v1"}).embedder == "openai"
 
 
 def test_the_defaults_are_semantic_off_and_temperature_zero() -> None:

@@ -5,7 +5,8 @@ served: the request goes to a backend as a miss. Once its own answer is known, o
 in the store (the newest `store.SHADOW_RECORDS`, shared by replicas with Redis): the similarity,
 both questions' sha256, both answers (for inspection), and whether they agreed: identical texts,
 or their embeddings at cosine `AGREEMENT` or more. A request whose answer never came whole is
-recorded with `agreed` null, and counts in no precision.
+recorded with `agreed` null, and counts in no precision (so is one whose answers differ in text
+while the embedder could not embed them).
 
 `report(records)` is precision per similarity band: of the would-be hits whose outcome is known,
 the share whose answers agreed. Pure: records in, rows out.
@@ -40,12 +41,13 @@ def digest(text: str) -> str:
 
 
 def agreed(cached_answer: str, answer: str | None, answers_cosine: float | None) -> bool | None:
-    """Whether the two answers agree; None when the second never came."""
+    """Whether the two answers agree; None when the second never came, or differs in text and
+    could not be embedded (the embedder failing open)."""
     if answer is None:
         return None
     if answer == cached_answer:
         return True
-    return answers_cosine is not None and answers_cosine >= AGREEMENT
+    return None if answers_cosine is None else answers_cosine >= AGREEMENT
 
 
 def shadow_record(shadowed: Shadowed, answer: str | None, answers_cosine: float | None, *,
