@@ -307,3 +307,17 @@ async def test_the_local_model_is_auto_and_its_dense_vectors_are_searched(
         assert found.vector is not None and len(found.vector) == 384
     finally:
         await cache.close()
+
+
+class Broken:
+    name = "broken-v1"
+
+    async def embed(self, text: str) -> Vector:
+        raise RuntimeError("the model file went away")
+
+
+async def test_an_embedder_that_raises_costs_the_semantic_tier_not_the_request(
+        make_cache: MakeCache) -> None:
+    cache = make_cache(Broken())
+    found = await cache.lookup(key_of(cache, QUESTION))
+    assert (found.hit, found.vector) == (None, None)

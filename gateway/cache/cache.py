@@ -188,10 +188,14 @@ class ResponseCache:
         embedder's window (the embedder failing is None too)."""
         if self._embedder is None or not key.query or not key.deterministic:
             return None
-        fits = getattr(self._embedder, "fits", None)
-        if fits is not None and not await fits(key.query):
+        try:
+            fits = getattr(self._embedder, "fits", None)
+            if fits is not None and not await fits(key.query):
+                return None
+            return await self._embedder.embed(key.query)
+        except Exception as exc:  # an embedder fault must never fail the request either
+            self._failed(f"the embedder failed: {type(exc).__name__}: {exc}", cooldown=False)
             return None
-        return await self._embedder.embed(key.query)
 
     def record_shadow(self, shadowed: Shadowed, answer: CachedAnswer | None) -> None:
         """The shadow hit's record, once the request's own answer is known (None: it never came
