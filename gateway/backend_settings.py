@@ -41,6 +41,11 @@ class BackendSettings(BaseModel):
         default=False,
         description="llama.cpp: one KV cache shared by its slots (llama-server without `-np`, "
         "or with `-kvu`): each slot's context is then the whole capacity, not a share.")
+    model_revision: str | None = Field(
+        default=None,
+        description="The weights it serves, as the operator names them: part of the response "
+        "cache's key, so new weights under the same model name never serve the old ones' "
+        "answers.")
 
     def to_spec(self, default_id: str) -> BackendSpec:
         return BackendSpec(

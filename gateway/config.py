@@ -169,16 +169,37 @@ class CacheSettings(_Section):
     max_entries: int = Field(default=10_000, ge=1)  # the memory store's LRU bound
     # Semantic lookups compare a question with this many newest entries of its namespace.
     max_per_namespace: int = Field(default=256, ge=1)
-    semantic: bool = True  # the second tier; false = exact matches only
-    embedder: Literal["hashing"] = "hashing"  # built in: near-duplicate questions, no model
-    similarity_threshold: float = Field(default=0.9, gt=0, le=1)  # cosine, for a semantic hit
-    # Requests sampled hotter than this are not cached (an absent temperature is OpenAI's 1.0);
-    # null caches every temperature.
-    max_temperature: float | None = Field(default=None, ge=0)
+    # The second tier. off: exact matches only (the default: a near question is not always the
+    # same question, so an operator measures first); shadow: would-be semantic hits are computed
+    # and recorded with whether the answers agreed (`kvgate cache shadow-report`), never served;
+    # on: served, each hit having passed the near-miss guard (gateway/cache/guard.py).
+    semantic: Literal["off", "shadow", "on"] = "off"
+    # auto: the local model when `kvgate[semantic]` is installed, else hashing (surface variants
+    # only); hashing; local (all-MiniLM-L6-v2 on onnxruntime); openai (a /v1/embeddings endpoint).
+    embedder: Literal["auto", "hashing", "local", "openai"] = "auto"
+    embedder_path: Path | None = None  # local: another copy of the model files (same sha256)
+    embedder_url: str | None = None  # openai: the endpoint or its base URL
+    embedder_model: str = ""  # openai: the embedding model's name
+    # Cosine for a semantic candidate (the guard then vets it); null: the embedder's own default.
+    similarity_threshold: float | None = Field(default=None, gt=0, le=1)
+    # A request sampled hotter than this (an absent temperature is OpenAI's 1.0) bypasses the
+    # cache unless it sets a `seed`: it is neither answered from the cache nor stored in it.
+    # Null caches every temperature. The semantic tier serves only temperature 0 or a seed.
+    max_temperature: float | None = Field(default=0.0, ge=0)
     timeout_s: float = Field(default=0.25, gt=0)  # a slower store call counts as a miss
     # global: one cache for every client; tenant: each tenant (its API key's, else the tenant
     # header's, else its bearer token's) sees only the answers it was given itself.
     scope: Literal["global", "tenant"] = "global"
+
+    @field_validator("semantic", mode="before")
+    @classmethod
+    def _semantic_mode(cls, value: object) -> object:
+        """The boolean of earlier versions still reads: true is on, false is off."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if not isinstance(value, str) or value not in ("off", "shadow", "on"):
+            raise ValueError(f"must be off, shadow or on (or a boolean), not {value!r}")
+        return value
 
     @field_validator("redis_url")
     @classmethod
@@ -191,6 +212,8 @@ class CacheSettings(_Section):
     def _store_reachable(self) -> CacheSettings:
         if self.store == "redis" and self.redis_url is None:
             raise ValueError("store 'redis' needs redis_url")
+        if self.embedder == "openai" and not self.embedder_url:
+            raise ValueError("embedder 'openai' needs embedder_url")
         return self
 
 

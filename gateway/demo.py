@@ -5,7 +5,8 @@
 Starts N simulators of the default preset and one of the small-model preset on free loopback ports,
 then the gateway on P (default 8000), prints how to call it and runs until Ctrl-C or SIGTERM, when
 everything shuts down cleanly (exit code 0). No config file, no environment, no Redis: the
-response cache is on, in memory (exact and semantic tiers).
+response cache is on, in memory, its exact tier only (the semantic tier is off by default: a near
+question is not always the same question; `cache.semantic: shadow` measures it first).
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ def banner(url: str, *, backends: int, time_scale: float) -> str:
     """What `kvgate demo` prints once ready: the fleet, a curl command and a Python snippet."""
     model = PRESETS[DEFAULT_PRESET].model_name
     small = PRESETS[SMALL_PRESET].model_name
-    body = {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}
+    # Temperature 0: a request sampled hotter is not served from the cache (cache.max_temperature).
+    body = {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32,
+            "temperature": 0}
     curl = (
         f"curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' "
         f"-d {shlex.quote(orjson.dumps(body).decode())}"
@@ -59,8 +62,8 @@ def banner(url: str, *, backends: int, time_scale: float) -> str:
             f"  backends: {backends} x {model} ({DEFAULT_PRESET}), 1 x {small} ({SMALL_PRESET}),"
             f" time scale {time_scale:g}",
             f"  state:    curl -s {url}/admin/backends",
-            "  cache:    in memory; ask the same (or nearly the same) question twice and the",
-            "            second answer comes from it (header x-kvgate-cache: exact or semantic)",
+            "  cache:    in memory; ask the same question twice at temperature 0 and the",
+            "            second answer comes from it (header x-kvgate-cache: exact)",
             f'  routing:  "model": "{AUTO_MODEL}" lets the gateway choose: easy requests go to'
             f" {small},",
             "            the rest to " + model + " (headers x-kvgate-model, x-kvgate-model-reason)",

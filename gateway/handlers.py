@@ -12,7 +12,7 @@ import orjson
 from aiohttp import web
 
 from gateway.admission import GATE
-from gateway.cache.http import admin_cache, admin_cache_flush
+from gateway.cache.http import admin_cache, admin_cache_flush, admin_cache_shadow
 from gateway.complete import chat_completions, completions
 from gateway.keys import CLOCK, FLEET, MODEL_ROUTES, SETTINGS, STARTED_AT
 from gateway.schemas import model_list
@@ -63,3 +63,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/backends", admin_backends)
     app.router.add_get("/admin/cache", admin_cache)
     app.router.add_delete("/admin/cache", admin_cache_flush)
+    app.router.add_get("/admin/cache/shadow", admin_cache_shadow)

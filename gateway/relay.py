@@ -11,6 +11,10 @@
 - Streams are relayed chunk by chunk as they arrive: bytes unchanged, written (and so flushed)
   immediately; `StreamObserver` picks out the few facts the gateway records. A whole answer is
   decoded once, here, for everyone who reads it later.
+- A stream that identical streams follow (the cache's `LineTap.followed`) outlives its own
+  client: when the client leaves, the upstream is handed to a task that reads on for the
+  followers while any remains and closes it (the backend aborts) when the last one goes. The
+  attempt's lease on its backend ends with the client's request, as for any client that left.
 """
 
 from __future__ import annotations
@@ -56,6 +60,18 @@ class LineTap(Protocol):
 
     def stream_lines(self, lines: bytes) -> None: ...
 
+    def followed(self) -> bool:
+        """Identical streams follow this one now."""
+        ...
+
+    def carry_on(self) -> None:
+        """The client left; the upstream is read on for the followers."""
+        ...
+
+    def carried_end(self, usage: dict[str, Any] | None, *, whole: bool) -> None:
+        """The upstream read on for the followers ended."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class UpstreamCall:
@@ -98,6 +114,8 @@ class Relay:
         self._fleet = fleet
         self._first_byte_timeout = first_byte_timeout
         self._clock = clock
+        # Upstreams read on for followers after their own client left, each by its task.
+        self._carried: dict[aiohttp.ClientResponse, asyncio.Task[None]] = {}
 
     async def attempt(self, request: web.Request, ex: Exchange, call: UpstreamCall,
                       dispatch: Dispatch, observer: StreamObserver | None) -> Relayed | Retry:
@@ -132,7 +150,10 @@ class Relay:
         finally:
             # Closing (not releasing) a connection whose body was not read to the end is what
             # makes the backend abort the request; after a complete body it goes to the pool.
-            if upstream.content.at_eof():
+            # An upstream carried on for followers is its task's to close.
+            if upstream in self._carried:
+                pass
+            elif upstream.content.at_eof():
                 upstream.release()
             else:
                 upstream.close()
@@ -243,8 +264,14 @@ class Relay:
             elif not observer.done:
                 await response.write(DONE_EVENT)
             await response.write_eof()
+        except asyncio.CancelledError:
+            # The client hung up (the handler is cancelled); followers, if any, keep the stream.
+            self._carry_on(upstream, observer, tap)
+            raise
         except ConnectionResetError:
-            # The client went away while we wrote; the caller closes the upstream connection.
+            # The client went away while we wrote; the caller closes the upstream connection
+            # unless followers keep it.
+            self._carry_on(upstream, observer, tap)
             return Relayed(response, CLIENT_CLOSED, "client gone", observer.usage,
                            client_disconnected=True)
         except Exception as exc:
@@ -260,6 +287,42 @@ class Relay:
             return Relayed(response, 500, failure, observer.usage)
         error = failure or (observer.error or {}).get("message")
         return Relayed(response, 200, error, observer.usage)
+
+
+    def _carry_on(self, upstream: aiohttp.ClientResponse, observer: StreamObserver,
+                  tap: LineTap | None) -> None:
+        """Hands the upstream to a task reading on for the followers, if there are any."""
+        if tap is None or not tap.followed() or upstream.content.at_eof():
+            return
+        tap.carry_on()
+        task = asyncio.get_running_loop().create_task(self._read_on(upstream, observer, tap))
+        self._carried[upstream] = task
+        task.add_done_callback(lambda _: self._carried.pop(upstream, None))
+
+    async def _read_on(self, upstream: aiohttp.ClientResponse, observer: StreamObserver,
+                       tap: LineTap) -> None:
+        """The stream's rest, for the followers only, while any remains."""
+        whole = False
+        try:
+            while tap.followed():
+                chunk = await upstream.content.readany()
+                if not chunk:
+                    tail = observer.finish()
+                    if tail:
+                        tap.stream_lines(tail)
+                    whole = observer.complete and observer.error is None
+                    break
+                out = observer.feed(chunk)
+                if out:
+                    tap.stream_lines(out)
+        except aiohttp.ClientError as exc:
+            log.info("a stream read on for its followers failed: %s", _describe(exc))
+        finally:
+            if upstream.content.at_eof():
+                upstream.release()
+            else:
+                upstream.close()  # the last follower left: the backend aborts
+            tap.carried_end(observer.usage, whole=whole)
 
 
 def _decoded(body: bytes) -> dict[str, Any] | None:

@@ -149,15 +149,18 @@ async def ask(http: aiohttp.ClientSession, gateway: str, model: str, item: Ask,
                  int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
 
 
+SEMANTIC_ON = {"semantic": "on", "embedder": "hashing"}  # the tier under measure (off by default)
+
+
 @asynccontextmanager
 async def cache_settings(store: str) -> AsyncIterator[dict[str, Any]]:
     if store == "off":
         yield {"enabled": False}
     elif store == "memory":
-        yield {"enabled": True}
+        yield {"enabled": True, **SEMANTIC_ON}
     else:
         async with running_redis() as url:
-            yield {"enabled": True, "store": "redis", "redis_url": url}
+            yield {"enabled": True, "store": "redis", "redis_url": url, **SEMANTIC_ON}
 
 
 async def live(args: argparse.Namespace, store: str, asks: Sequence[Ask]) -> list[Reply]:
@@ -256,7 +259,7 @@ async def lookup_costs(store_name: str, entries: int, rounds: int = 500) -> dict
 def _key(query: str, *, namespace: str, fresh: bool = False) -> CacheKey:
     """A key whose id is its text (a `fresh` one has no exact entry)."""
     return CacheKey(id=f"{'fresh:' if fresh else ''}{namespace}:{query}", namespace=namespace,
-                    query=query, model="m", kind="chat")
+                    query=query, model="m", kind="chat", deterministic=True)
 
 
 @asynccontextmanager

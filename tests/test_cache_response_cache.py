@@ -31,7 +31,7 @@ from gateway.cache.cache import (
 )
 from gateway.cache.embed import HashingEmbedder, hashed_vector
 from gateway.cache.keys import CacheKey
-from gateway.cache.store import CacheStore, Entry, MemoryStore
+from gateway.cache.store import Admits, CacheStore, Entry, MemoryStore
 from gateway.cache.vectors import Vector, cosine
 
 T = TypeVar("T")
@@ -93,10 +93,10 @@ class FaultyStore(MemoryStore):
         await self._reach("get")
         return await super().get(id)
 
-    async def nearest(self, namespace: str, vector: Vector, threshold: float
-                      ) -> tuple[Entry, float] | None:
+    async def nearest(self, namespace: str, vector: Vector, threshold: float,
+                      admits: Admits | None = None) -> tuple[Entry, float] | None:
         await self._reach("nearest")
-        return await super().nearest(namespace, vector, threshold)
+        return await super().nearest(namespace, vector, threshold, admits)
 
     async def put(self, entry: Entry) -> None:
         await self._reach("put")
@@ -122,8 +122,8 @@ class CorruptStore(MemoryStore):
         self.lookups += 1
         return self._entry if self._tier == EXACT else None
 
-    async def nearest(self, namespace: str, vector: Vector, threshold: float
-                      ) -> tuple[Entry, float] | None:
+    async def nearest(self, namespace: str, vector: Vector, threshold: float,
+                      admits: Admits | None = None) -> tuple[Entry, float] | None:
         return (self._entry, 0.99) if self._tier == SEMANTIC else None
 
 

@@ -258,7 +258,31 @@ async def an_entry_is_gone_after_its_ttl(b: Backend) -> None:
     assert (await store.count(), await store.entries()) == (0, [])
 
 
+async def nearest_passes_over_a_candidate_admits_refuses(b: Backend) -> None:
+    store = b.make()
+    await store.put(entry("b", vector=B, created=1.0))
+    await store.put(entry("c", vector=C, created=2.0))
+    # C is the best match for B's neighbour C, B the next: refusing C finds B.
+    found = await store.nearest("ns", C, 0.5, lambda candidate: candidate.id != "c")
+    assert found == (entry("b", vector=B, created=1.0), pytest.approx(0.75))
+    assert await store.nearest("ns", C, 0.5, lambda candidate: False) is None
+
+
+async def shadow_records_are_kept_newest_first_and_flushed(b: Backend) -> None:
+    store = b.make()
+    assert await store.shadow_records() == []
+    for record in (b"first", b"second"):
+        await store.record_shadow(record)
+    assert await store.shadow_records() == [b"second", b"first"]
+    await store.flush()
+    assert await store.shadow_records() == []
+
+
 SHARED = [
+    pytest.param(nearest_passes_over_a_candidate_admits_refuses,
+                 id="nearest passes over a candidate admits refuses for the next best"),
+    pytest.param(shadow_records_are_kept_newest_first_and_flushed,
+                 id="shadow records are kept newest first, and flushed with the rest"),
     pytest.param(get_returns_the_entry_put, id="get returns the entry put, None for others"),
     pytest.param(exact_only_entry_keeps_vector_none,
                  id="an exact-only entry keeps vector None, distinct from an empty vector"),

@@ -26,6 +26,7 @@ def test_kubernetes_configmap_embeds_a_valid_config(tmp_path: Path) -> None:
     settings = load_settings(path, environ={})
     assert len(settings.backend_specs()) == 2
     assert (settings.cache.enabled, settings.cache.store) == (True, "redis")
+    assert settings.cache.semantic == "off"
 
 
 @pytest.mark.parametrize("service", ["sim-a", "sim-b", "sim-small", "gateway"])
@@ -46,3 +47,4 @@ def test_the_compose_gateway_caches_in_redis_and_routes_auto_to_the_small_model(
     settings = load_settings(environ=gateway["environment"], overrides=overrides_of(args))
     assert settings.small_model_routes()["auto"].small == "llama-3.2-1b"
     assert settings.cache.redis_url == "redis://redis:6379/0"
+    assert settings.cache.semantic == "shadow"  # measured, never served

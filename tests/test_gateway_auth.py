@@ -154,7 +154,7 @@ async def eventually_stored(http: aiohttp.ClientSession, url: str) -> None:
     ],
 )
 async def test_the_cache_scope(scope: str, shared: bool) -> None:
-    cache = {"enabled": True, "scope": scope}
+    cache = {"enabled": True, "scope": scope, "max_temperature": None}  # any temperature cached
     async with gateway({"keys": KEYS}, cache=cache) as (url, http):
         _, headers, _ = await call(http, "POST", url + "/v1/chat/completions", bearer(USER_KEY))
         assert headers["x-kvgate-cache"] == "miss"

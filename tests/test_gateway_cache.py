@@ -41,7 +41,7 @@ async def gateway(cache: dict[str, Any] | None = None, *, sim_url: str | None = 
             "server": {"port": 0},
             "backends": [{"url": sim_url, "id": "sim0"}],
             "routing": {"poll_interval_s": 0.05},
-            "cache": {"enabled": True, **(cache or {})},
+            "cache": {"enabled": True, "semantic": "on", "embedder": "hashing", **(cache or {})},
         })
         url = await stack.enter_async_context(running_gateway(settings))
         http = await stack.enter_async_context(aiohttp.ClientSession())

@@ -96,7 +96,8 @@ async def test_a_key_over_its_tpm_gets_429_and_a_cache_hit_is_not_charged() -> N
     keys = [{**KEYS[0], "tpm": 60}, *KEYS[1:]]
     body = {"model": "llama-3-8b", "max_tokens": 40, "ignore_eos": True,
             "messages": [{"role": "user", "content": "hi"}]}
-    async with gateway({"keys": keys}, cache={"enabled": True}) as (url, http):
+    async with gateway({"keys": keys}, cache={"enabled": True, "max_temperature": None}) as (
+            url, http):
         chat = url + "/v1/chat/completions"
         async with http.post(chat, json=body, headers=bearer(USER_KEY)) as resp:
             assert resp.status == 200  # charged 1 + 40, settled on its usage (over 40)

@@ -23,7 +23,8 @@ SMALL = PRESETS[SMALL_PRESET].model_name
 
 
 @asynccontextmanager
-async def gateway(mode: str = "easy", *, with_small: bool = True, cache: bool = False,
+async def gateway(mode: str = "easy", *, with_small: bool = True,
+                  cache: bool | dict[str, Any] = False,
                   time_scale: float = 20.0, routing: dict[str, Any] | None = None,
                   slo: dict[str, Any] | None = None,
                   large_blocks: int | None = None
@@ -39,7 +40,7 @@ async def gateway(mode: str = "easy", *, with_small: bool = True, cache: bool = 
             "server": {"port": 0}, "backends": backends,
             "routing": {"poll_interval_s": 0.05, **(routing or {})}, "slo": slo or {},
             "small_model": [{"alias": "auto", "large": LARGE, "small": SMALL, "mode": mode}],
-            "cache": {"enabled": cache},
+            "cache": {"enabled": bool(cache), **(cache if isinstance(cache, dict) else {})},
         })
         url = await stack.enter_async_context(running_gateway(settings))
         http = await stack.enter_async_context(aiohttp.ClientSession())
@@ -119,27 +120,46 @@ async def test_the_alias_is_listed_and_decisions_are_counted() -> None:
                              'kvgate_small_model_chosen="false"': "1"}
 
 
+async def wait_for_entries(http: aiohttp.ClientSession, url: str, entries: int) -> None:
+    """Answers are stored off the request's path: /admin/cache, polled with a deadline."""
+    deadline = asyncio.get_running_loop().time() + 10.0
+    while True:
+        async with http.get(url + "/admin/cache") as resp:
+            if orjson.loads(await resp.read())["entries"] >= entries:
+                return
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.02)
+
+
 async def test_the_cache_is_keyed_by_the_chosen_model_so_it_serves_who_is_sent_there() -> None:
     async with gateway(cache=True) as (url, http):
-        first = await ask(http, url, "What is the capital of France?")
+        first = await ask(http, url, "What is the capital of France?", temperature=0)
         assert (first["x-kvgate-cache"], first["x-kvgate-model"]) == ("miss", SMALL)
-        deadline = asyncio.get_running_loop().time() + 10.0
-        while True:  # answers are stored off the request's path
-            async with http.get(url + "/admin/cache") as resp:
-                if orjson.loads(await resp.read())["entries"] >= 1:
-                    break
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.02)
-        again = await ask(http, url, "What is the capital of France?")
+        await wait_for_entries(http, url, 1)
+        again = await ask(http, url, "What is the capital of France?", temperature=0)
         assert (again["x-kvgate-cache"], again["x-kvgate-model"],
                 again["x-kvgate-model-reason"]) == ("exact", SMALL, "easy")
         for named, cache in ((SMALL, "exact"), (LARGE, "miss")):
-            body = {"model": named, "max_tokens": 16,
+            body = {"model": named, "max_tokens": 16, "temperature": 0,
                     "messages": [{"role": "user", "content": "What is the capital of France?"}]}
             async with http.post(url + "/v1/chat/completions", json=body) as resp:
                 # The small model's answer serves whoever is sent to the small model, only.
                 assert (resp.headers["x-kvgate-cache"], resp.headers["x-kvgate-model"]) == (
                     cache, named)
+
+
+async def test_an_alias_never_serves_a_hard_request_the_small_models_semantic_answer() -> None:
+    semantic = {"semantic": "on", "embedder": "hashing", "similarity_threshold": 0.5}
+    async with gateway(cache=semantic) as (url, http):
+        easy = await ask(http, url, "What is the capital of France?", temperature=0)
+        assert (easy["x-kvgate-cache"], easy["x-kvgate-model"]) == ("miss", SMALL)
+        await wait_for_entries(http, url, 1)
+        near = await ask(http, url, "what is the capital of france", temperature=0)
+        assert (near["x-kvgate-cache"], near["x-kvgate-model"]) == ("semantic", SMALL)
+        # Near enough in wording, but hard: the large model is chosen, and answers it itself.
+        hard = await ask(http, url, "What is the capital of France? Prove it.", temperature=0)
+        assert (hard["x-kvgate-cache"], hard["x-kvgate-model"],
+                hard["x-kvgate-model-reason"]) == ("miss", LARGE, "hard_marker")
 
 
 async def test_overflow_sends_an_easy_request_the_large_model_refuses_to_the_small_one() -> None:

@@ -8,6 +8,7 @@
     kvgate cache export --redis URL [FILE]          (JSON lines; stdout by default)
     kvgate cache import --redis URL FILE [--ttl S]  (FILE may be - for stdin)
     kvgate cache eval   [--data FILE] [--embedder NAME]  (gateway/cache/eval_cli.py; no Redis)
+    kvgate cache shadow-report (--redis URL | --gateway URL)  (gateway/cache/shadow_cli.py)
 
 An ID may be any unique prefix of at least 6 characters (`ls` shows 16). `--prefix` names the key
 prefix the gateways were configured with (`cache.key_prefix`). Exit codes: 0 done, 1 an ID not
@@ -30,7 +31,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from gateway.cache import eval_cli
+from gateway.cache import eval_cli, shadow_cli
 from gateway.cache.answer import CachedAnswer
 from gateway.cache.redis_store import RedisStore
 from gateway.cache.store import Entry
@@ -247,6 +248,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             sub.add_argument("--ttl", type=float, default=3600.0, metavar="S",
                              help="lifetime of the imported entries (default 3600 s)")
     eval_cli.register(actions)  # no Redis: the embedder and guard on labelled pairs
+    shadow_cli.register(actions)  # Redis or a running gateway
     parser.set_defaults(func=run)
 
 

@@ -6,7 +6,8 @@ refusals, reasoning text, several choices, errors, streams cut short) is not cac
 hit never serves an answer that lost something the backend said.
 
 Answers come from a backend's decoded JSON body (`answer_from_payload`) or from a relayed SSE
-stream (`StreamCollector`, which keeps the relayed bytes and parses them once at the end), and are
+stream (`StreamCollector`, which keeps the relayed bytes and parses them once at the end), with
+the backend's `system_fingerprint` when it sent one (the weights that wrote it), and are
 served back as an OpenAI JSON body (`render_json`) or as an OpenAI event stream
 (`render_events`). Everything here is pure.
 """
@@ -41,12 +42,13 @@ class CachedAnswer:
     finish_reason: str  # "stop" or "length"
     prompt_tokens: int | None
     completion_tokens: int | None
+    fingerprint: str | None = None  # the backend's system_fingerprint, when it sent one
 
     def to_bytes(self) -> bytes:
         return orjson.dumps({
             "kind": self.kind, "model": self.model, "text": self.text,
             "finish_reason": self.finish_reason, "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
+            "completion_tokens": self.completion_tokens, "fingerprint": self.fingerprint,
         })
 
     @classmethod
@@ -67,8 +69,10 @@ class CachedAnswer:
         counts = [data.get("prompt_tokens"), data.get("completion_tokens")]
         if any(c is not None and _token_count(c) is None for c in counts):
             raise ValueError("cached answer has a malformed token count")
+        fingerprint = data.get("fingerprint")
         return cls(kind=kind, model=model, text=text, finish_reason=finish_reason,
-                   prompt_tokens=counts[0], completion_tokens=counts[1])
+                   prompt_tokens=counts[0], completion_tokens=counts[1],
+                   fingerprint=fingerprint if isinstance(fingerprint, str) else None)
 
 
 def answer_from_payload(kind: Kind, data: object) -> CachedAnswer | None:
@@ -91,7 +95,13 @@ def answer_from_payload(kind: Kind, data: object) -> CachedAnswer | None:
     usage = usage if isinstance(usage, dict) else {}
     return CachedAnswer(kind=kind, model=model, text=text, finish_reason=finish_reason,
                         prompt_tokens=_token_count(usage.get("prompt_tokens")),
-                        completion_tokens=_token_count(usage.get("completion_tokens")))
+                        completion_tokens=_token_count(usage.get("completion_tokens")),
+                        fingerprint=_fingerprint(data))
+
+
+def _fingerprint(event: dict[str, Any]) -> str | None:
+    value = event.get("system_fingerprint")
+    return value if isinstance(value, str) and value else None
 
 
 class StreamCollector:
@@ -144,11 +154,13 @@ def _answer_of(kind: Kind, events: list[Any]) -> CachedAnswer | None:
     finish_reason: str | None = None  # the last non-null one
     usage: dict[str, Any] = {}
     seen = False  # a choice with index 0 arrived
+    fingerprint: str | None = None
     for event in events:
         if not isinstance(event, dict) or "error" in event:
             return None
         if model is None and isinstance(event.get("model"), str):
             model = event["model"]
+        fingerprint = fingerprint or _fingerprint(event)
         if isinstance(event.get("usage"), dict):
             usage = event["usage"]
         choices = event.get("choices", [])
@@ -168,7 +180,8 @@ def _answer_of(kind: Kind, events: list[Any]) -> CachedAnswer | None:
     assert finish_reason is not None
     return CachedAnswer(kind=kind, model=model, text="".join(pieces), finish_reason=finish_reason,
                         prompt_tokens=_token_count(usage.get("prompt_tokens")),
-                        completion_tokens=_token_count(usage.get("completion_tokens")))
+                        completion_tokens=_token_count(usage.get("completion_tokens")),
+                        fingerprint=fingerprint)
 
 
 def render_json(answer: CachedAnswer, *, response_id: str, created: int) -> bytes:

@@ -6,6 +6,18 @@ entries that share everything but the question: same model, parameters, system p
 turns). A miss hands the proxy a `CacheTap`, which sees the answer as it is relayed and stores it
 once it ended whole.
 
+The semantic tier looks only at a request sampled at temperature 0 or with a seed whose question
+the embedder reads whole (within its window), and every candidate above the threshold must pass
+the near-miss guard (gateway/cache/semantic.py's `Vetting`). In `shadow` mode a candidate that
+passed is not served: the request goes to a backend as a miss, and once its own answer is known,
+the pair is recorded with whether the two answers agreed (gateway/cache/shadow.py).
+
+The key names the weights (`revision`): the configured `model_revision` of the model's backends
+and the `system_fingerprint` its answers carry, learned per model as answers come. An answer
+whose fingerprint differs from the one its key was made with is stored under its own. An answer
+cut at its length (`finish_reason: length`) is stored only when the client set `max_tokens`:
+without one, the cut is the backend's limit, not the client's wish.
+
 The cache must never be why a request fails or waits: every store call runs under `timeout_s`,
 and an error or a timeout counts as a miss (or a store not made), is logged at most once per
 `ERROR_LOG_INTERVAL_S`, and turns the cache off for `COOLDOWN_S` so a Redis that went away costs
@@ -19,14 +31,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from gateway.cache.answer import CachedAnswer, StreamCollector, answer_from_payload
+from gateway.cache.answer import CachedAnswer
 from gateway.cache.keys import Bypass, CacheKey, Kind, cache_key
 from gateway.cache.live import Live
+from gateway.cache.semantic import Vetting
+from gateway.cache.shadow import Shadowed, shadow_record
 from gateway.cache.store import CacheStore, Entry
-from gateway.cache.vectors import Vector
+from gateway.cache.tap import CacheTap as CacheTap  # re-exported: the tap a lookup hands out
+from gateway.cache.vectors import Vector, cosine
 
 log = logging.getLogger("kvgate.cache")
 
@@ -39,9 +54,13 @@ T = TypeVar("T")
 
 
 class Embedder(Protocol):
-    name: str
+    """One question to its vector (None: the embedder cannot answer now). An embedder with a
+    window also has `async fits(text) -> bool` (gateway/cache/semantic.py's `Questions`)."""
 
-    async def embed(self, text: str) -> Vector: ...
+    @property
+    def name(self) -> str: ...
+
+    async def embed(self, text: str) -> Vector | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +73,12 @@ class Hit:
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """What a lookup found; `vector` (the question's embedding) is kept to store the answer."""
+    """What a lookup found; `vector` (the question's embedding) is kept to store the answer;
+    `shadow`, in shadow mode, the semantic hit it would have served."""
 
     hit: Hit | None
     vector: Vector | None
+    shadow: Shadowed | None = None
 
 
 class ResponseCache:
@@ -68,6 +89,7 @@ class ResponseCache:
         *,
         threshold: float,
         max_temperature: float | None = None,
+        shadow: bool = False,
         timeout_s: float = 0.25,
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
@@ -76,6 +98,9 @@ class ResponseCache:
         self._embedder = embedder  # None: the exact tier only
         self._threshold = threshold
         self._max_temperature = max_temperature
+        self._shadow = shadow  # semantic candidates recorded, never served
+        self.vetting = Vetting()
+        self._fingerprints: dict[str, str] = {}  # model -> the system_fingerprint last seen
         self._timeout_s = timeout_s
         self._wall_clock = wall_clock
         self._clock = clock
@@ -89,8 +114,27 @@ class ResponseCache:
         self._live: dict[str, Live] = {}
 
     def key(self, kind: Kind, body: Mapping[str, Any], model: str,
-            scope: str | None = None) -> CacheKey | Bypass:
-        return cache_key(kind, body, model, max_temperature=self._max_temperature, scope=scope)
+            scope: str | None = None, revision: str | None = None) -> CacheKey | Bypass:
+        """`revision`: the configured revision of the model's weights, if any; the fingerprint
+        learned from its answers is added here."""
+        return cache_key(kind, body, model, max_temperature=self._max_temperature, scope=scope,
+                         revision=_revision(revision, self._fingerprints.get(model)))
+
+    def rekeyed(self, key: CacheKey, body: Mapping[str, Any], scope: str | None,
+                revision: str | None, answer: CachedAnswer) -> CacheKey:
+        """The key `answer` is stored under: `key`, unless the answer names other weights than
+        those `key` was made with (then they are learned for the model)."""
+        fingerprint = answer.fingerprint
+        if fingerprint is None or _revision(revision, fingerprint) == key.revision:
+            return key
+        self._fingerprints[key.model] = fingerprint
+        found = self.key(key.kind, body, key.model, scope, revision)
+        return found if isinstance(found, CacheKey) else key
+
+    @property
+    def threshold(self) -> float:
+        """The cosine a semantic candidate needs (before the guard)."""
+        return self._threshold
 
     @property
     def available(self) -> bool:
@@ -112,13 +156,17 @@ class ResponseCache:
                 self._count(EXACT)
                 return Lookup(Hit(EXACT, answer, 1.0, entry.created), None)
         vector = await self.embedding(key)
-        if vector:
+        shadow = None
+        if vector and key.query:
+            admits = self.vetting.admits_for(key.query)
             found = await self._guarded(
-                self.store.nearest(self._space(key), vector, self._threshold), None)
+                self.store.nearest(self._space(key), vector, self._threshold, admits), None)
             if found is not None and not self._too_old(found[0], max_age_s):
                 near, similarity = found
                 answer = self._decode(near)
-                if answer is not None:
+                if answer is not None and self._shadow:
+                    shadow = Shadowed(near.id, similarity, near.query, key.query, answer.text)
+                elif answer is not None:
                     self._count(SEMANTIC)
                     return Lookup(Hit(SEMANTIC, answer, similarity, near.created), vector)
         leader = self._leaders.get(key.id) if follow_s is not None else None
@@ -132,16 +180,47 @@ class ResponseCache:
                 self._count(EXACT)
                 return Lookup(Hit(EXACT, answer, 1.0, self._wall_clock()), vector)
         self._count("miss")
-        return Lookup(None, vector)
+        return Lookup(None, vector, shadow)
 
     async def embedding(self, key: CacheKey) -> Vector | None:
-        """The question's vector for the semantic tier; None when there is no question or no
-        embedder."""
-        if self._embedder is None or not key.query:
+        """The question's vector for the semantic tier; None when there is no question, no
+        embedder, a request sampled hotter than 0 without a seed, or a question longer than the
+        embedder's window (the embedder failing is None too)."""
+        if self._embedder is None or not key.query or not key.deterministic:
             return None
-        return await self._embedder.embed(key.query)
+        try:
+            fits = getattr(self._embedder, "fits", None)
+            if fits is not None and not await fits(key.query):
+                return None
+            return await self._embedder.embed(key.query)
+        except Exception as exc:  # an embedder fault must never fail the request either
+            self._failed(f"the embedder failed: {type(exc).__name__}: {exc}", cooldown=False)
+            return None
 
-    def tap(self, key: CacheKey, vector: Vector | None, *, stream: bool = False) -> CacheTap:
+    def record_shadow(self, shadowed: Shadowed, answer: CachedAnswer | None) -> None:
+        """The shadow hit's record, once the request's own answer is known (None: it never came
+        whole), with whether the two answers agreed, in the background."""
+        self._background(self._record_shadow(shadowed, answer))
+
+    async def _record_shadow(self, shadowed: Shadowed, answer: CachedAnswer | None) -> None:
+        similarity: float | None = None
+        if (answer is not None and answer.text != shadowed.cached_answer
+                and self._embedder is not None):
+            try:
+                mine = await self._embedder.embed(answer.text)
+                theirs = await self._embedder.embed(shadowed.cached_answer)
+            except Exception as exc:  # a shadow record must never fail anything
+                log.warning("shadow: the answers could not be embedded: %s", exc)
+                mine = theirs = None
+            if mine is not None and theirs is not None:
+                similarity = cosine(mine, theirs)
+        record = shadow_record(shadowed, answer.text if answer is not None else None,
+                               similarity, at=self._wall_clock())
+        await self._guarded(self.store.record_shadow(record), None)
+
+    def tap(self, key: CacheKey, vector: Vector | None, *, stream: bool = False,
+            shadow: Shadowed | None = None,
+            rekey: Callable[[CachedAnswer], CacheKey] | None = None) -> CacheTap:
         """The store side of a miss. The first tap of a key leads: identical requests arriving
         while it runs may wait for its answer (`lookup(follow_s=...)`), and identical streams
         follow a leading stream (`live_of`), until it is `release`d."""
@@ -151,7 +230,7 @@ class ResponseCache:
             self._leaders[key.id] = asyncio.get_running_loop().create_future()
             if stream:
                 live = self._live[key.id] = Live(key.kind)
-        return CacheTap(self, key, vector, leads=leads, live=live)
+        return CacheTap(self, key, vector, leads=leads, live=live, shadow=shadow, rekey=rekey)
 
     def live_of(self, key: CacheKey) -> Live | None:
         """The stream of `key` being relayed right now, if one is and can still be followed."""
@@ -173,6 +252,8 @@ class ResponseCache:
                       answer=answer.to_bytes(), model=answer.model, query=key.query or "",
                       created=self._wall_clock())
         self._background(self._put(entry))
+        if entry.vector:  # the guard's reading of it, made now rather than on a later lookup
+            self.vetting.features(entry)
 
     def _too_old(self, entry: Entry, max_age_s: float | None) -> bool:
         return max_age_s is not None and self._wall_clock() - entry.created > max_age_s
@@ -184,10 +265,15 @@ class ResponseCache:
         return f"{name}/{key.namespace}"
 
     async def close(self) -> None:
-        """Waits for the stores still running, then closes the store."""
+        """Waits for the stores still running, then closes the store and the embedder."""
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
         await self.store.close()
+        close = getattr(self._embedder, "close", None)
+        if close is not None:
+            closed = close()
+            if asyncio.iscoroutine(closed):
+                await closed
 
     async def _put(self, entry: Entry) -> None:
         await self._guarded(self.store.put(entry), None)
@@ -232,65 +318,11 @@ class ResponseCache:
             log.warning("%s%s", message, suffix)
 
 
-class CacheTap:
-    """The proxy's view of the cache on a miss: sees the relayed answer, stores it if whole."""
-
-    __slots__ = ("_cache", "_key", "_vector", "_collector", "_leads", "_live")
-
-    def __init__(self, cache: ResponseCache, key: CacheKey, vector: Vector | None, *,
-                 leads: bool = False, live: Live | None = None) -> None:
-        self._cache = cache
-        self._key = key
-        self._vector = vector
-        self._collector: StreamCollector | None = None
-        self._leads = leads  # identical requests may be waiting for this one's answer
-        self._live = live  # identical streams may be following this one
-
-    def stream_lines(self, lines: bytes) -> None:
-        """Complete SSE lines as relayed to the client."""
-        if self._collector is None:
-            self._collector = StreamCollector(self._key.kind)
-        self._collector.feed(lines)
-        if self._live is not None:
-            self._live.feed(lines)
-
-    def stream_ended(self, usage: dict[str, Any] | None) -> None:
-        """The stream ended whole (no failure): store what it said, if it can be replayed.
-        `usage` is the stream's usage object, which the client may not have been sent."""
-        answer = self._collector.answer() if self._collector is not None else None
-        if answer is None:
-            return
-        if answer.completion_tokens is None and usage is not None:
-            answer = replace(answer, prompt_tokens=_token_count(usage, "prompt_tokens"),
-                             completion_tokens=_token_count(usage, "completion_tokens"))
-        self._kept(answer)
-
-    def whole(self, payload: object) -> None:
-        """A 200 JSON answer, decoded (None when its body was not JSON)."""
-        answer = answer_from_payload(self._key.kind, payload)
-        if answer is not None:
-            self._kept(answer)
-
-    def release(self) -> None:
-        """The request ended, however: followers still waiting ask a backend themselves."""
-        if self._leads:
-            self._leads = False
-            self._cache.settle(self._key, None)
-
-    def _kept(self, answer: CachedAnswer) -> None:
-        self._cache.keep(self._key, self._vector, answer)
-        if self._leads:
-            self._leads = False
-            self._cache.settle(self._key, answer)
-
-
-def _token_count(usage: Mapping[str, Any], name: str) -> int | None:
-    """The count if it is one `CachedAnswer.from_bytes` accepts back (a non-negative int): an
-    answer stored with any other would be read back as corrupt, a miss every time."""
-    value = usage.get(name)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
+def _revision(configured: str | None, fingerprint: str | None) -> str | None:
+    """What the key names the weights by: the configured revision and the learned fingerprint."""
+    if configured is None and fingerprint is None:
+        return None
+    return f"{configured or ''}/{fingerprint or ''}"
 
 
 def _close(call: Awaitable[Any]) -> None:

@@ -18,22 +18,31 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from gateway.cache.answer import EventWriter, render_events, render_json, usage_of
+from gateway.backend_settings import BackendSettings
+from gateway.cache.answer import (
+    CachedAnswer,
+    EventWriter,
+    render_events,
+    render_json,
+    usage_of,
+)
 from gateway.cache.cache import EXACT, CacheTap, Hit
-from gateway.cache.keys import Bypass, Kind
+from gateway.cache.keys import Bypass, CacheKey, Kind
 from gateway.cache.live import Live
+from gateway.cache.shadow import decoded
 from gateway.errors import CacheUnavailable
 from gateway.exchange import Exchange
 from gateway.headers import CACHE_HEADER, prepare_stream
-from gateway.keys import CACHE, CLOCK, SETTINGS
+from gateway.keys import CACHE, CLOCK, FLEET, SETTINGS
 from gateway.sse import DONE_EVENT, error_event
+from routing.fleet import Fleet
 
 _ID_PREFIX: Mapping[Kind, str] = {"chat": "chatcmpl-", "text": "cmpl-"}
 
@@ -68,17 +77,25 @@ async def lookup(request: web.Request, ex: Exchange, data: Mapping[str, Any], mo
     if cache is None or not cache.available:
         return BYPASSED
     kind = ex.endpoint.kind
-    scoped = request.app[SETTINGS].cache.scope == "tenant"
-    key = cache.key(kind, data, model, scope=tenant if scoped else None)
+    settings = request.app[SETTINGS]
+    scope = tenant if settings.cache.scope == "tenant" else None
+    revision = revision_of(settings.backends, request.app[FLEET], model)
+    key = cache.key(kind, data, model, scope=scope, revision=revision)
     if isinstance(key, Bypass):
         return BYPASSED
+
+    def rekey(answer: CachedAnswer) -> CacheKey:
+        assert isinstance(key, CacheKey)
+        return cache.rekeyed(key, data, scope, revision, answer)
+
     directives = cache_directives(ex.headers.get("Cache-Control", ""))
     store = "no-store" not in directives
     max_age_s = _seconds(directives.get("max-age"))
     if "no-cache" in directives:
         if not store:
             return BYPASSED
-        return Missed(False, cache.tap(key, await cache.embedding(key), stream=stream))
+        return Missed(False, cache.tap(key, await cache.embedding(key), stream=stream,
+                                       rekey=rekey))
     clock = request.app[CLOCK]
     ex.timing.cache_start = clock()
     # A whole answer may wait for an identical request already in flight; a stream may not:
@@ -94,7 +111,22 @@ async def lookup(request: web.Request, ex: Exchange, data: Mapping[str, Any], mo
         followed = await follow(request, ex, live, kind, include_usage=include_usage)
         if followed is not None:
             return followed
-    return Missed(True, cache.tap(key, found.vector, stream=stream) if store else None)
+    if not store:
+        return Missed(True, None)
+    return Missed(True, cache.tap(key, found.vector, stream=stream, shadow=found.shadow,
+                                  rekey=rekey))
+
+
+def revision_of(backends: Sequence[BackendSettings], fleet: Fleet, model: str) -> str | None:
+    """The configured `model_revision`s of the backends serving `model`, joined; None when
+    none has one."""
+    configured = {backend.id or f"b{i}": backend.model_revision
+                  for i, backend in enumerate(backends) if backend.model_revision}
+    if not configured:
+        return None
+    found = sorted({configured[spec.id] for spec in fleet.specs
+                    if spec.id in configured and model in fleet.models_of(spec.id)})
+    return ",".join(found) if found else None
 
 
 def cache_directives(value: str) -> dict[str, str | None]:
@@ -215,8 +247,22 @@ async def admin_cache(request: web.Request) -> web.Response:
         raise CacheUnavailable(f"the cache store does not answer: {type(exc).__name__}") from exc
     return web.json_response({
         "enabled": True, "store": settings.store, "available": cache.available,
-        "semantic": settings.semantic, "similarity_threshold": settings.similarity_threshold,
+        "semantic": settings.semantic, "similarity_threshold": cache.threshold,
         "entries": entries, "counters": counters}, dumps=_dumps)
+
+
+async def admin_cache_shadow(request: web.Request) -> web.Response:
+    """GET /admin/cache/shadow: shadow mode's records, newest first (`kvgate cache
+    shadow-report --gateway URL`, for any store, the in-memory one included)."""
+    cache = request.app.get(CACHE)
+    if cache is None:
+        return web.json_response({"enabled": False, "records": []}, dumps=_dumps)
+    try:
+        raw = await cache.store.shadow_records()
+    except Exception as exc:
+        raise CacheUnavailable(f"the cache store does not answer: {type(exc).__name__}") from exc
+    records = [record for record in map(decoded, raw) if record is not None]
+    return web.json_response({"enabled": True, "records": records}, dumps=_dumps)
 
 
 async def admin_cache_flush(request: web.Request) -> web.Response:

@@ -25,9 +25,15 @@ no I/O, no clock, no randomness.
   null/false or `top_logprobs` set (the cache keeps no logprobs; a completions `logprobs: 0` still
   returns the sampled tokens' logprobs), `echo` (the answer repeats the prompt), a completions
   `prompt` holding more than one prompt, `temperature` above `max_temperature` when that is set
-  (absent or null counts as 1.0, OpenAI's default), and a body nested deeper than `MAX_DEPTH`
+  (absent or null counts as 1.0, OpenAI's default) and no `seed` is set (a seeded request asks
+  for the same answer again), and a body nested deeper than `MAX_DEPTH`
   (orjson cannot encode it; no real request comes near). A field with a wrongly typed value is
   no reason to bypass: the backend rejects the request, and error answers are never stored.
+- `revision` names the weights behind the model (a configured `model_revision`, the backends'
+  `system_fingerprint`): part of both digests, so new weights never serve the old ones' answers.
+- `deterministic` (temperature 0, or a seed) is what the semantic tier asks of a request; `capped`
+  (the client set `max_tokens` or `max_completion_tokens`) is what an answer cut at its length
+  needs to be stored.
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ class CacheKey:
     query: str | None  # the text a semantic lookup embeds; None = exact tier only
     model: str  # the real (alias-resolved) model
     kind: Kind
+    deterministic: bool = False  # temperature 0 or a seed: the semantic tier may serve it
+    capped: bool = False  # the client set max_tokens: an answer cut at its length may be kept
+    revision: str | None = None  # the weights' name the digests include
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +80,7 @@ class _TooDeep(Exception):
 
 def cache_key(
     kind: Kind, body: Mapping[str, Any], model: str, *, max_temperature: float | None = None,
-    scope: str | None = None,
+    scope: str | None = None, revision: str | None = None,
 ) -> CacheKey | Bypass:
     """The cache identity of one completion request, or why it has none. A `scope` (a tenant,
     with `cache.scope: tenant`) is part of both the id and the namespace: scopes share nothing.
@@ -90,13 +99,28 @@ def cache_key(
         }
     except _TooDeep:
         return Bypass("nesting")
-    id_ = _digest(kind, model, params, scope)
+    id_ = _digest(kind, model, params, scope, revision)
+    temperature = body.get("temperature")
+    deterministic = _given(body.get("seed")) or (
+        _number(temperature) and not _exceeds(temperature, 0.0))
+    capped = _given(body.get("max_tokens")) or _given(body.get("max_completion_tokens"))
     found = _chat_query(params) if kind == "chat" else _text_query(params)
     if found is None:
-        return CacheKey(id=id_, namespace=id_, query=None, model=model, kind=kind)
+        return CacheKey(id=id_, namespace=id_, query=None, model=model, kind=kind,
+                        deterministic=deterministic, capped=capped, revision=revision)
     query, blanked = found
-    return CacheKey(id=id_, namespace=_digest(kind, model, blanked, scope), query=query,
-                    model=model, kind=kind)
+    return CacheKey(id=id_, namespace=_digest(kind, model, blanked, scope, revision),
+                    query=query, model=model, kind=kind, deterministic=deterministic,
+                    capped=capped, revision=revision)
+
+
+def _given(value: object) -> bool:
+    """A field set to something (null and absent are the same to OpenAI)."""
+    return value is not None
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _bypass_reason(kind: Kind, body: Mapping[str, Any], max_temperature: float | None
@@ -112,7 +136,7 @@ def _bypass_reason(kind: Kind, body: Mapping[str, Any], max_temperature: float |
         return "echo"
     if kind == "text" and _prompt_count(body.get("prompt")) > 1:
         return "prompt_list"
-    if max_temperature is not None:
+    if max_temperature is not None and body.get("seed") is None:
         temperature = body.get("temperature")
         if _exceeds(1.0 if temperature is None else temperature, max_temperature):
             return "temperature"
@@ -161,10 +185,13 @@ def _normalised(value: Any, depth: int) -> Any:
     raise TypeError(f"cache keys take JSON values, not {type(value).__name__}")
 
 
-def _digest(kind: Kind, model: str, params: dict[str, Any], scope: str | None) -> str:
+def _digest(kind: Kind, model: str, params: dict[str, Any], scope: str | None,
+            revision: str | None) -> str:
     canonical: dict[str, Any] = {"kind": kind, "model": model, "params": params}
     if scope is not None:
         canonical["scope"] = scope
+    if revision is not None:
+        canonical["revision"] = revision
     return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 

@@ -60,6 +60,11 @@ class Live:
     def unsubscribe(self, waker: asyncio.Event) -> None:
         self._wakers.discard(waker)
 
+    @property
+    def followers(self) -> int:
+        """How many followers read this stream now."""
+        return len(self._wakers)
+
     def read(self, start: int) -> list[str]:
         """The text pieces from the `start`th on, parsing what arrived since the last read (the
         parsed chunks are let go: the text is kept, for followers who come later)."""

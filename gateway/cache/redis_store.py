@@ -15,6 +15,11 @@ Layout, every key under `prefix` (default "kvgate:cache:"):
   entry imported with an older `created` is still served but may leave the listing early.
   `entries` and `count` drop the ids of hashes deleted or expired.
 - `{prefix}counters`: a hash of COUNTERS.
+- `{prefix}shadow`: a list of shadow records, newest first, trimmed to SHADOW_RECORDS.
+
+A namespace's local index is the one the `index` maker makes (sparse or dense vectors,
+gateway/cache/vector_index.py). A candidate `nearest`'s `admits` refuses (the near-miss guard)
+costs the round trip that read it; the next best is read after it.
 
 Redis errors propagate as redis exceptions: the caller (ResponseCache) fails open. A hash that
 does not decode (a field missing or malformed, e.g. written by another version) is skipped as if
@@ -36,7 +41,15 @@ import redis.asyncio as redis
 from redis.typing import EncodableT, FieldT
 
 from gateway.cache.index import SemanticIndex
-from gateway.cache.store import COUNTERS, Entry, check_counter, check_limits
+from gateway.cache.store import (
+    COUNTERS,
+    SHADOW_RECORDS,
+    Admits,
+    Entry,
+    check_counter,
+    check_limits,
+)
+from gateway.cache.vector_index import IndexMaker, VectorIndex
 from gateway.cache.vectors import Vector, decode_vector, encode_vector
 
 log = logging.getLogger("kvgate.cache")
@@ -50,7 +63,7 @@ CLOCK_SKEW_S = 10.0  # an incremental read goes this far back before the newest 
 
 @dataclass(slots=True)
 class _Mirror:
-    index: SemanticIndex
+    index: VectorIndex
     newest: float = float("-inf")  # the highest `created` read
     synced_at: float = float("-inf")  # monotonic time of the last whole read
 
@@ -62,9 +75,11 @@ class RedisStore:
     def __init__(self, client: redis.Redis, *, prefix: str = "kvgate:cache:",
                  ttl_s: float | None, max_per_namespace: int = 256,
                  clock: Callable[[], float] = time.time,
-                 mirror_vectors: int = MIRROR_VECTORS) -> None:
+                 mirror_vectors: int = MIRROR_VECTORS,
+                 index: IndexMaker = SemanticIndex) -> None:
         check_limits(ttl_s, max_per_namespace)
         self._client = client
+        self._index = index
         # Namespaces' vectors as read from Redis, least recently used first, at most about
         # `mirror_vectors` of them (a namespace is kept whole).
         self._mirror: OrderedDict[str, _Mirror] = OrderedDict()
@@ -78,24 +93,25 @@ class RedisStore:
         self._max_per_namespace = max_per_namespace
         self._all = f"{prefix}all"
         self._counters = f"{prefix}counters"
+        self._shadow = f"{prefix}shadow"
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "kvgate:cache:", ttl_s: float | None,
                  max_per_namespace: int = 256, clock: Callable[[], float] = time.time,
-                 **client_options: Any) -> RedisStore:
+                 index: IndexMaker = SemanticIndex, **client_options: Any) -> RedisStore:
         """`client_options` go to redis-py (e.g. socket_timeout, socket_connect_timeout);
         ValueError for a URL redis-py cannot read."""
         check_limits(ttl_s, max_per_namespace)  # before there is a client to close
         client = redis.Redis.from_url(url, decode_responses=False, **client_options)
         return cls(client, prefix=prefix, ttl_s=ttl_s, max_per_namespace=max_per_namespace,
-                   clock=clock)
+                   clock=clock, index=index)
 
     async def get(self, id: str) -> Entry | None:
         fields = cast(dict[bytes, bytes], await self._client.hgetall(self._entry_key(id)))
         return self._decode(id, fields) if fields else None
 
-    async def nearest(self, namespace: str, vector: Vector, threshold: float
-                      ) -> tuple[Entry, float] | None:
+    async def nearest(self, namespace: str, vector: Vector, threshold: float,
+                      admits: Admits | None = None) -> tuple[Entry, float] | None:
         """The search runs on this process's `SemanticIndex` of the namespace. Bringing it up to
         date costs one small round trip, for the ids stored since the last lookup (all of them
         every FULL_SYNC_S), and a second only for vectors not read before: an id is the hash of a
@@ -104,10 +120,14 @@ class RedisStore:
         index = await self._synced(namespace)
         if index is None:
             return None
-        while (found := index.best(vector, threshold)) is not None:
+        refused: set[str] = set()
+        while (found := index.best(vector, threshold, skip=refused.__contains__)) is not None:
             entry = await self.get(found[0])
             if entry is not None and entry.vector is not None and entry.namespace == namespace:
-                return entry, found[1]
+                if admits is None or admits(entry):
+                    return entry, found[1]
+                refused.add(found[0])
+                continue
             if entry is None:  # its hash expired or was deleted: drop it from the namespace
                 async with self._client.pipeline(transaction=False) as pipe:
                     pipe.zrem(self._namespace_key(namespace), found[0])
@@ -117,7 +137,7 @@ class RedisStore:
             index.discard(found[0])
         return None
 
-    async def _synced(self, namespace: str) -> SemanticIndex | None:
+    async def _synced(self, namespace: str) -> VectorIndex | None:
         """The local index of `namespace` with every id stored there (None when it has none)."""
         mirror = self._mirror.pop(namespace, None)
         now = self._monotonic()
@@ -132,7 +152,7 @@ class RedisStore:
                 ns_key, mirror.newest - CLOCK_SKEW_S, "+inf", withscores=True)
         ranks = {_text(raw): rank for raw, rank in cast(list[tuple[bytes, float]], pairs)}
         if mirror is None:
-            mirror = _Mirror(SemanticIndex())
+            mirror = _Mirror(self._index())
         before = len(mirror.index)
         if full:
             if not ranks:
@@ -153,7 +173,7 @@ class RedisStore:
             self._mirrored -= len(evicted.index)
         return mirror.index
 
-    async def _load(self, namespace: str, index: SemanticIndex, ranks: dict[str, float]) -> None:
+    async def _load(self, namespace: str, index: VectorIndex, ranks: dict[str, float]) -> None:
         """Adds the ids of `ranks` the index lacks, with their vectors."""
         missing = [id for id in ranks if id not in index]
         if not missing:
@@ -293,6 +313,15 @@ class RedisStore:
     async def counters(self) -> dict[str, int]:
         values = await self._client.hmget(self._counters, list(COUNTERS))
         return {name: int(value or 0) for name, value in zip(COUNTERS, values, strict=True)}
+
+    async def record_shadow(self, record: bytes) -> None:
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.lpush(self._shadow, record)
+            pipe.ltrim(self._shadow, 0, SHADOW_RECORDS - 1)
+            await pipe.execute()
+
+    async def shadow_records(self) -> list[bytes]:
+        return cast(list[bytes], await self._client.lrange(self._shadow, 0, -1))
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -4,6 +4,10 @@
 store and the cache, puts it under `keys.CACHE`, and at shutdown waits for the answers still being
 stored, then closes the store. A Redis that does not answer at start-up is a warning, not a
 failure: the gateway serves without the cache until Redis answers (gateway/cache/cache.py).
+
+With `cache.semantic` on or shadow, the embedder `cache.embedder` names is built here
+(gateway/cache/embedders/choice.py): `auto` is the local model when `kvgate[semantic]` is
+installed, else the hashing embedder; the threshold is the embedder's own unless configured.
 """
 
 from __future__ import annotations
@@ -13,39 +17,71 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway.cache.cache import Embedder, ResponseCache
-from gateway.cache.embed import HashingEmbedder
+from gateway.cache.cache import ResponseCache
+from gateway.cache.embedders.choice import (
+    THRESHOLDS,
+    EmbedderSettings,
+    Kind,
+    build,
+    local_installed,
+    resolve,
+)
+from gateway.cache.index import SemanticIndex
 from gateway.cache.redis_store import RedisStore
+from gateway.cache.semantic import Questions
 from gateway.cache.store import CacheStore, MemoryStore
+from gateway.cache.vector_index import index_maker
 from gateway.config import CacheSettings
 from gateway.keys import CACHE, SETTINGS
 
 log = logging.getLogger("kvgate.cache")
 
 
-def build_store(settings: CacheSettings) -> CacheStore:
+def build_store(settings: CacheSettings, questions: Questions | None = None) -> CacheStore:
+    """The store, its namespaces indexed for `questions`' vectors (sparse or dense)."""
+    index = (SemanticIndex if questions is None else index_maker(
+        questions.dimensions, dense=questions.dense, max_members=settings.max_per_namespace))
     if settings.store == "redis":
         assert settings.redis_url is not None  # CacheSettings checks it
         return RedisStore.from_url(
             settings.redis_url, prefix=settings.key_prefix, ttl_s=settings.ttl_s,
-            max_per_namespace=settings.max_per_namespace,
+            max_per_namespace=settings.max_per_namespace, index=index,
             socket_timeout=settings.timeout_s, socket_connect_timeout=settings.timeout_s)
     return MemoryStore(max_entries=settings.max_entries, ttl_s=settings.ttl_s,
-                       max_per_namespace=settings.max_per_namespace)
+                       max_per_namespace=settings.max_per_namespace, index=index)
 
 
-def build_embedder(settings: CacheSettings) -> Embedder | None:
-    """None when the semantic tier is off; `embedder` names the one to build."""
-    if not settings.semantic:
+def embedder_kind(settings: CacheSettings) -> Kind:
+    """The embedder `cache.embedder` names here (EmbedderUnavailable when it cannot be had)."""
+    return resolve(settings.embedder, local_installed())
+
+
+def build_embedder(settings: CacheSettings, api_key: str | None = None) -> Questions | None:
+    """None when the semantic tier is off; else the embedder `cache.embedder` names."""
+    if settings.semantic == "off":
         return None
-    return HashingEmbedder()
+    kind = embedder_kind(settings)
+    embedder = build(EmbedderSettings(kind, path=settings.embedder_path,
+                                      url=settings.embedder_url or "",
+                                      model=settings.embedder_model, api_key=api_key))
+    return Questions(embedder)
+
+
+def threshold_of(settings: CacheSettings) -> float:
+    """`cache.similarity_threshold`, or the embedder's own default."""
+    if settings.similarity_threshold is not None:
+        return settings.similarity_threshold
+    if settings.semantic == "off":
+        return THRESHOLDS[Kind.HASHING]  # no semantic tier: never used
+    return THRESHOLDS[embedder_kind(settings)]
 
 
 def build_cache(settings: CacheSettings) -> ResponseCache:
+    questions = build_embedder(settings)
     return ResponseCache(
-        build_store(settings), build_embedder(settings),
-        threshold=settings.similarity_threshold, max_temperature=settings.max_temperature,
-        timeout_s=settings.timeout_s)
+        build_store(settings, questions), questions,
+        threshold=threshold_of(settings), max_temperature=settings.max_temperature,
+        shadow=settings.semantic == "shadow", timeout_s=settings.timeout_s)
 
 
 async def cache_running(app: web.Application) -> AsyncIterator[None]:

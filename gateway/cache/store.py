@@ -8,20 +8,28 @@ never a semantic match. `answer` is opaque bytes to every store.
 `MemoryStore` is one replica's cache: LRU over at most `max_entries` entries, each gone `ttl_s`
 after it was put (counted on the injected clock, the way Redis counts EXPIRE from the write).
 The shared store across replicas is `RedisStore` (gateway/cache/redis_store.py).
+
+A namespace's vectors are kept in the index its `index` maker makes (gateway/cache/vector_index.py:
+sparse or dense). `nearest` takes an `admits` check (the near-miss guard): a candidate it refuses
+is passed over for the next best. Stores also keep the newest `SHADOW_RECORDS` shadow records
+(gateway/cache/shadow.py), opaque bytes, for `kvgate cache shadow-report`.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.cache.index import SemanticIndex
+from gateway.cache.vector_index import IndexMaker, VectorIndex
 from gateway.cache.vectors import Vector
 
 COUNTERS = ("exact", "semantic", "miss", "store")
+SHADOW_RECORDS = 10_000  # the newest shadow records a store keeps
+Admits = Callable[["Entry"], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +46,18 @@ class Entry:
 class CacheStore(Protocol):
     async def get(self, id: str) -> Entry | None: ...
 
-    async def nearest(self, namespace: str, vector: Vector, threshold: float
-                      ) -> tuple[Entry, float] | None:
+    async def nearest(self, namespace: str, vector: Vector, threshold: float,
+                      admits: Admits | None = None) -> tuple[Entry, float] | None:
         """The best cosine >= threshold among the namespace's newest max_per_namespace entries
-        (the newer one on a tie), or None."""
+        (the newer one on a tie) that `admits` accepts, or None."""
+        ...
+
+    async def record_shadow(self, record: bytes) -> None:
+        """Keeps one shadow record, forgetting the oldest past SHADOW_RECORDS."""
+        ...
+
+    async def shadow_records(self) -> list[bytes]:
+        """The shadow records kept, newest first."""
         ...
 
     async def put(self, entry: Entry) -> None:
@@ -90,7 +106,8 @@ class MemoryStore:
     passes them, not only when looked up."""
 
     def __init__(self, *, max_entries: int, ttl_s: float | None, max_per_namespace: int = 256,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 index: IndexMaker = SemanticIndex) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be at least 1, not {max_entries!r}")
         check_limits(ttl_s, max_per_namespace)
@@ -101,8 +118,10 @@ class MemoryStore:
         self._entries: OrderedDict[str, Entry] = OrderedDict()   # least recently used first
         self._expires: OrderedDict[str, float] = OrderedDict()   # put order: soonest first
         self._namespaces: dict[str, dict[str, float]] = {}       # namespace -> {id: created}
-        self._indexes: dict[str, SemanticIndex] = {}             # namespace -> its vectors
+        self._indexes: dict[str, VectorIndex] = {}               # namespace -> its vectors
+        self._index = index
         self._counters = dict.fromkeys(COUNTERS, 0)
+        self._shadow: deque[bytes] = deque(maxlen=SHADOW_RECORDS)  # newest last
 
     async def get(self, id: str) -> Entry | None:
         now = self._sweep()
@@ -112,13 +131,18 @@ class MemoryStore:
         self._entries.move_to_end(id)
         return entry
 
-    async def nearest(self, namespace: str, vector: Vector, threshold: float
-                      ) -> tuple[Entry, float] | None:
+    async def nearest(self, namespace: str, vector: Vector, threshold: float,
+                      admits: Admits | None = None) -> tuple[Entry, float] | None:
         now = self._sweep()
         index = self._indexes.get(namespace)
         if index is None:
             return None
-        found = index.best(vector, threshold, skip=lambda id: self._expired(id, now))
+        entries = self._entries
+
+        def skip(id: str) -> bool:
+            return self._expired(id, now) or (admits is not None and not admits(entries[id]))
+
+        found = index.best(vector, threshold, skip=skip)
         if found is None:
             return None
         self._entries.move_to_end(found[0])  # a semantic hit is a use too
@@ -133,7 +157,9 @@ class MemoryStore:
         index = self._namespaces.setdefault(entry.namespace, {})
         index[entry.id] = entry.created
         if entry.vector:
-            vectors = self._indexes.setdefault(entry.namespace, SemanticIndex())
+            vectors = self._indexes.get(entry.namespace)
+            if vectors is None:
+                vectors = self._indexes[entry.namespace] = self._index()
             vectors.add(entry.id, entry.vector, entry.created)
         if len(index) > self._max_per_namespace:
             # Only the index forgets the oldest: the entry still answers exact lookups.
@@ -156,7 +182,14 @@ class MemoryStore:
         self._namespaces.clear()
         self._indexes.clear()
         self._counters = dict.fromkeys(COUNTERS, 0)
+        self._shadow.clear()
         return removed
+
+    async def record_shadow(self, record: bytes) -> None:
+        self._shadow.append(record)
+
+    async def shadow_records(self) -> list[bytes]:
+        return list(reversed(self._shadow))
 
     async def entries(self, limit: int | None = None) -> list[Entry]:
         now = self._sweep()

@@ -1,0 +1,116 @@
+"""An identical stream following one in flight keeps its stream when the leading stream's client
+leaves: the upstream goes on while any follower reads it, the whole answer is stored, and when the
+last follower leaves too, the backend aborts. A real gateway, a real simulator, on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import aiohttp
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.config import Settings
+from gateway.serve import running_gateway
+from loadtest.sim.launch import running_sim
+from loadtest.sim.presets import DEFAULT_PRESET, PRESETS
+
+MODEL = PRESETS[DEFAULT_PRESET].model_name
+CHAT = "/v1/chat/completions"
+DEADLINE_S = 20.0
+TOKENS = 400  # long enough that the leader is still generating when its client leaves
+BODY = {"model": MODEL, "stream": True, "temperature": 0, "max_tokens": TOKENS,
+        "ignore_eos": True, "messages": [{"role": "user", "content": "Tell me a long story."}]}
+
+
+@asynccontextmanager
+async def rig() -> AsyncIterator[tuple[str, str, aiohttp.ClientSession]]:
+    async with AsyncExitStack() as stack:
+        sim = await stack.enter_async_context(running_sim(time_scale=2.0))
+        settings = Settings.model_validate({
+            "server": {"port": 0}, "backends": [{"url": sim, "id": "sim0"}],
+            "cache": {"enabled": True}})
+        url = await stack.enter_async_context(running_gateway(settings))
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        yield url, sim, http
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + DEADLINE_S
+    while not await check():
+        assert loop.time() < end, f"not within {DEADLINE_S} s: {what}"
+        await asyncio.sleep(0.02)
+
+
+async def first_text(resp: aiohttp.ClientResponse) -> None:
+    """Reads `resp` until its first text token."""
+    async for line in resp.content:
+        if b'"content":"' in line.replace(b'"content":""', b""):
+            return
+    raise AssertionError("the stream ended without text")
+
+
+def events(raw: bytes) -> list[Any]:
+    frames = [f.strip().removeprefix(b"data: ") for f in raw.split(b"\n\n") if f.strip()]
+    assert frames[-1] == b"[DONE]", frames[-3:]
+    return [orjson.loads(f) for f in frames[:-1]]
+
+
+async def aborted(http: aiohttp.ClientSession, sim: str) -> float:
+    async with http.get(sim + "/metrics") as resp:
+        text = await resp.text()
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == "vllm:request_success_total"
+               and sample.labels.get("finished_reason") == "abort")
+
+
+async def entries(http: aiohttp.ClientSession, url: str) -> int:
+    async with http.get(url + "/admin/cache") as resp:
+        return int(orjson.loads(await resp.read())["entries"])
+
+
+async def test_a_follower_keeps_its_stream_when_the_leaders_client_leaves() -> None:
+    async with rig() as (url, sim, http):
+        leader = await http.post(url + CHAT, json=BODY)
+        assert leader.headers["x-kvgate-cache"] == "miss"
+        await first_text(leader)
+        async with http.post(url + CHAT, json=BODY) as follower:
+            assert follower.headers["x-kvgate-cache"] == "exact"
+            assert "x-kvgate-backend" not in follower.headers
+            await first_text(follower)
+            leader.close()  # the leading stream's own client leaves
+            rest = await follower.read()
+        found = events(rest)
+        assert not any("error" in event for event in found)
+        assert found[-1]["choices"][0]["finish_reason"] == "length"
+        assert await aborted(http, sim) == 0
+
+        async def stored() -> bool:
+            return await entries(http, url) == 1
+
+        await wait_for(stored, "the whole answer stored")
+        async with http.post(url + CHAT, json=BODY) as again:
+            assert again.headers["x-kvgate-cache"] == "exact"
+
+
+async def test_the_upstream_is_aborted_when_the_last_follower_leaves_too() -> None:
+    async with rig() as (url, sim, http):
+        leader = await http.post(url + CHAT, json=BODY)
+        await first_text(leader)
+        follower = await http.post(url + CHAT, json=BODY)
+        assert follower.headers["x-kvgate-cache"] == "exact"
+        await first_text(follower)
+        leader.close()
+        await asyncio.sleep(0)  # nothing to wait for: the follower leaves at once too
+        follower.close()
+
+        async def abort_seen() -> bool:
+            return await aborted(http, sim) == 1
+
+        await wait_for(abort_seen, "the backend aborts once no one reads the stream")
+        assert await entries(http, url) == 0
