@@ -20,7 +20,7 @@ COMMANDS: dict[str, str] = {
     "cache": "gateway.cache.admin",
     "sim": "loadtest.sim.cli",
     "simulate": "loadtest.simulate_cli",
-    "plan": "loadtest.plan_cli",
+    "plan": "gateway.plan_cli",
 }
 COMMAND_MODULES: tuple[str, ...] = tuple(COMMANDS.values())
 
