@@ -148,7 +148,7 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus_per_replica: int = 1, prompt_to
 
 def _derive(preset: Preset) -> Derived:
     model, gpu = preset.model, preset.gpu
-    weights = model.num_params * model.bytes_per_param
+    weights = model.weight_bytes
     memory = preset.num_gpus * gpu.hbm_bytes * preset.gpu_memory_utilization
     where = (f"{preset.num_gpus} x {gpu.name} at memory utilization "
              f"{preset.gpu_memory_utilization:g} ({memory / 1e9:.1f} GB)")
