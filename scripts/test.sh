@@ -21,3 +21,4 @@ PY=${PYTHON:-python3}
 .venv/bin/ruff check gateway routing loadtest tests
 .venv/bin/mypy
 .venv/bin/pytest -q "$@"
+scripts/floor_check.sh  # the oldest dependency versions pyproject.toml allows, in .venv-floor
