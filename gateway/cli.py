@@ -20,13 +20,14 @@ COMMANDS: dict[str, str] = {
     "cache": "gateway.cache.admin",
     "sim": "loadtest.sim.cli",
     "simulate": "loadtest.simulate_cli",
-    "plan": "loadtest.plan_cli",
+    "plan": "gateway.plan_cli",
 }
 COMMAND_MODULES: tuple[str, ...] = tuple(COMMANDS.values())
 
 
 class UsageError(Exception):
-    """A problem with the command line or the config: exit code 2, one line on stderr."""
+    """A problem with the command line: exit code 2, one line on stderr (as for a bad config,
+    `gateway.config.ConfigError`)."""
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -55,7 +56,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 0
+    except Exception as exc:
+        if not _is_config_error(exc):
+            raise
+        print(f"kvgate {args.command}: {exc}", file=sys.stderr)
+        return 2
     return code
+
+
+def _is_config_error(exc: Exception) -> bool:
+    """Whether `exc` is `gateway.config.ConfigError`. Looked up, not imported: a command that
+    loads no config keeps its start free of pydantic, and only a loaded module raises its error."""
+    config = sys.modules.get("gateway.config")
+    return config is not None and isinstance(exc, config.ConfigError)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Sources, later ones winning: built-in defaults < the YAML file < `KVGATE_*` environment variables
 < command-line flags. A bad value fails at start with one line naming the field
-(`gateway.cli.UsageError`, exit code 2), never at the first request.
+(`ConfigError`; the command line exits with code 2), never at the first request.
 
 Environment rule: every variable whose name starts with `KVGATE_` sets one field. The rest of the
 name is the field's path, sections separated by a double underscore and lower-cased:
@@ -34,7 +34,6 @@ from pydantic import (
 
 from gateway.auth import digest
 from gateway.backend_settings import BackendSettings
-from gateway.cli import UsageError
 from gateway.routing_settings import (
     AdvancedSettings,
     RoutingSettings,
@@ -288,6 +287,10 @@ class Settings(_Section):
         return tuple(b.to_spec(f"b{i}") for i, b in enumerate(self.backends))
 
 
+class ConfigError(Exception):
+    """A bad configuration: its message is one line naming the file, variable or field."""
+
+
 def load_settings(
     path: str | Path | None = None,
     *,
@@ -295,7 +298,7 @@ def load_settings(
     overrides: Mapping[str, Any] | None = None,
 ) -> Settings:
     """Settings from the YAML file (if any), then `KVGATE_*` variables, then `overrides` (the
-    command line's flags, as a nested mapping). Raises UsageError naming the bad field."""
+    command line's flags, as a nested mapping). Raises ConfigError naming the bad field."""
     raw: dict[str, Any] = _read_file(Path(path)) if path is not None else {}
     env_paths = _apply_env(raw, os.environ if environ is None else environ)
     if overrides:
@@ -310,26 +313,26 @@ def load_settings(
             if loc[: len(var_path)] == var_path:
                 where = var
         field = ".".join(str(part) for part in loc) or "(top level)"
-        raise UsageError(f"{where}: {field}: {error['msg']}") from exc
+        raise ConfigError(f"{where}: {field}: {error['msg']}") from exc
 
 
 def _read_file(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise UsageError(f"config file not found: {path}") from exc
+        raise ConfigError(f"config file not found: {path}") from exc
     except OSError as exc:
-        raise UsageError(f"config file {path}: {exc.strerror}") from exc
+        raise ConfigError(f"config file {path}: {exc.strerror}") from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise UsageError(f"config {path}: invalid YAML{at}") from exc
+        raise ConfigError(f"config {path}: invalid YAML{at}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise UsageError(f"config {path}: the top level must be a mapping of sections")
+        raise ConfigError(f"config {path}: the top level must be a mapping of sections")
     return data
 
 
@@ -341,7 +344,7 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, tup
             continue
         segments = var[len(ENV_PREFIX) :].lower().split("__")
         if any(not s for s in segments):
-            raise UsageError(f"{var}: empty section name (use a double underscore between names)")
+            raise ConfigError(f"{var}: empty section name (use a double underscore between names)")
         path: tuple[str | int, ...] = tuple(int(s) if s.isdigit() else s for s in segments)
         _set_path(raw, path, _env_value(environ[var]), var)
         paths[var] = path
@@ -360,13 +363,13 @@ def _set_path(root: dict[str, Any], path: tuple[str | int, ...], value: Any, var
         last = depth == len(path) - 1
         if isinstance(key, int):
             if not isinstance(node, list):
-                raise UsageError(f"{var}: {key} indexes something that is not a list")
+                raise ConfigError(f"{var}: {key} indexes something that is not a list")
             if key > len(node):
-                raise UsageError(f"{var}: index {key} is past the end of a {len(node)}-item list")
+                raise ConfigError(f"{var}: index {key} is past the end of a {len(node)}-item list")
             if key == len(node):
                 node.append({})
         elif not isinstance(node, dict):
-            raise UsageError(f"{var}: {key!r} names a field of something that is not a section")
+            raise ConfigError(f"{var}: {key!r} names a field of something that is not a section")
         if last:
             node[key] = value
             return

@@ -59,6 +59,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from routing.physics import REFERENCE_PROFILE
+
 DEFAULT_HIGH_WATER = 0.9  # fraction of KV blocks a request's peak may fill up to
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default, when a backend reports capacity but no block size
 UNKNOWN_RISK = 0.5  # preemption risk of a backend whose KV capacity is unknown
@@ -70,14 +72,14 @@ PREFILL_RATE_TAU_S = 5.0  # time constant of a backend's recent prefill load (`P
 
 @dataclass(frozen=True, slots=True)
 class BackendProfile:
-    """How fast a backend works. Defaults: an 8B model (128 KiB of KV per token) on one H100-class
-    GPU (3.35 TB/s, 989 TFLOP/s, at typical kernel efficiencies); each backend's own speed is
-    learned online relative to it (`ProfileEstimator`)."""
+    """How fast a backend works. Defaults: the reference deployment's figures
+    (`routing.physics.REFERENCE_PROFILE`); each backend's own speed is learned online relative to
+    it (`ProfileEstimator`)."""
 
-    prefill_tokens_per_s: float = 30_000.0
-    overhead_s: float = 0.005  # per request: scheduling, detokenising, the first network hop
-    decode_base_s: float = 0.0065  # one decode step reading no KV (the weights read once)
-    decode_per_kv_token_s: float = 5e-8  # and per KV token the step's decodes read
+    prefill_tokens_per_s: float = REFERENCE_PROFILE.prefill_tokens_per_s
+    overhead_s: float = REFERENCE_PROFILE.overhead_s  # per request, outside the engine's steps
+    decode_base_s: float = REFERENCE_PROFILE.decode_base_s  # a decode step reading no KV
+    decode_per_kv_token_s: float = REFERENCE_PROFILE.decode_per_kv_token_s  # per KV token read
 
     def decode_step_s(self, kv_tokens: float) -> float:
         return self.decode_base_s + self.decode_per_kv_token_s * kv_tokens

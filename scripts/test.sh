@@ -40,3 +40,4 @@ tiers() {
 tiers "unit or loopback" -n 2 "$@"
 tiers realtime "$@"
 tiers bench "$@"
+scripts/floor_check.sh  # the oldest dependency versions pyproject.toml allows, in .venv-floor

@@ -14,8 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.cli import UsageError
-from gateway.config import Settings, load_settings
+from gateway.config import ConfigError, Settings, load_settings
 from gateway.proxy import Outcome
 from gateway.serve import running_gateway
 from loadtest.sim.launch import running_sim
@@ -183,6 +182,6 @@ async def test_the_cache_scope(scope: str, shared: bool) -> None:
 )
 def test_bad_keys_stop_the_gateway_at_start_naming_the_field(keys: list[dict[str, Any]],
                                                             message: str) -> None:
-    with pytest.raises(UsageError, match="auth.keys") as raised:
+    with pytest.raises(ConfigError, match="auth.keys") as raised:
         load_settings(environ={}, overrides={"auth": {"keys": keys}})
     assert message in str(raised.value)

@@ -10,8 +10,8 @@ import pydantic
 import pytest
 
 from gateway.backend_settings import normalise_backend_url
-from gateway.cli import UsageError, main
-from gateway.config import Settings, load_settings
+from gateway.cli import main
+from gateway.config import ConfigError, Settings, load_settings
 
 FULL = """
 server:
@@ -122,16 +122,16 @@ def test_settings_are_frozen() -> None:
         pytest.param("server: [unclosed\n", "invalid YAML", id="invalid YAML"),
     ],
 )
-def test_bad_config_is_a_usage_error_naming_the_field(
+def test_bad_config_is_a_config_error_naming_the_field(
     tmp_path: Path, text: str, names: str
 ) -> None:
-    with pytest.raises(UsageError, match=names.replace(".", r"\.")) as info:
+    with pytest.raises(ConfigError, match=names.replace(".", r"\.")) as info:
         load_settings(write(tmp_path, text), environ={})
     assert "\n" not in str(info.value)
 
 
-def test_missing_file_is_a_usage_error(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="not found"):
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
         load_settings(tmp_path / "absent.yaml", environ={})
 
 
@@ -155,7 +155,7 @@ def test_environment_index_one_past_the_end_appends_a_backend() -> None:
 
 
 def test_an_unknown_environment_variable_is_named_in_the_error() -> None:
-    with pytest.raises(UsageError, match="KVGATE_SERVER__PROT"):
+    with pytest.raises(ConfigError, match="KVGATE_SERVER__PROT"):
         load_settings(None, environ={"KVGATE_SERVER__PROT": "1"})
 
 

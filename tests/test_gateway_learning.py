@@ -89,7 +89,7 @@ async def test_answers_that_are_not_streamed_teach_the_speed_too() -> None:
 
 
 async def test_a_slower_card_is_learned_slower_from_its_streams() -> None:
-    """An L40S decodes this model about three times slower than an H100 (loadtest/sim/presets.py);
+    """An L40S decodes this model about three times slower than an H100 (routing/physics.py);
     both serve the same requests, four at a time."""
     async with gateway_over({"h100": "llama-3-8b-h100", "l40s": "llama-3-8b-l40s"}) as (
             gateway, http):

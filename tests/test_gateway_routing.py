@@ -18,8 +18,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.cli import UsageError
-from gateway.config import Settings, load_settings
+from gateway.config import ConfigError, Settings, load_settings
 from gateway.serve import running_gateway
 from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS
@@ -166,7 +165,7 @@ def test_routing_defaults() -> None:
 )
 def test_bad_routing_config_fails_at_start_naming_the_field(environ: dict[str, str],
                                                             names: str) -> None:
-    with pytest.raises(UsageError, match=names.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=names.replace(".", r"\.")):
         load_settings(None, environ=environ)
 
 
@@ -176,8 +175,8 @@ def test_a_configured_tokenizer_without_the_tokenizers_package_fails_at_start(
     path.write_text("{}")
     environ = {"KVGATE_ROUTING__TOKENIZERS": orjson.dumps({MODEL: str(path)}).decode()}
     if importlib.util.find_spec("tokenizers") is None:
-        with pytest.raises(UsageError, match=r"routing\.tokenizers.*'tokenizers' package"):
+        with pytest.raises(ConfigError, match=r"routing\.tokenizers.*'tokenizers' package"):
             load_settings(None, environ=environ)
     missing = {"KVGATE_ROUTING__TOKENIZERS": orjson.dumps({MODEL: "/nowhere.json"}).decode()}
-    with pytest.raises(UsageError, match=r"routing\.tokenizers"):
+    with pytest.raises(ConfigError, match=r"routing\.tokenizers"):
         load_settings(None, environ=missing)

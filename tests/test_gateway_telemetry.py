@@ -22,8 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.cli import UsageError
-from gateway.config import Settings, load_settings
+from gateway.config import ConfigError, Settings, load_settings
 from gateway.logsink import BatchedLineHandler, configure_access_log
 from gateway.serve import running_gateway
 from gateway.telemetry import TelemetrySettings
@@ -435,7 +434,7 @@ def test_the_telemetry_section_maps_onto_the_telemetry_settings() -> None:
 def test_a_bad_telemetry_setting_fails_at_start_naming_it(
     variable: str, value: str, message: str
 ) -> None:
-    with pytest.raises(UsageError) as error:
+    with pytest.raises(ConfigError) as error:
         load_settings(None, environ={variable: value})
     field = "telemetry." + variable.removeprefix("KVGATE_TELEMETRY__").lower()
     assert str(error.value).startswith(f"{variable}: {field}: ") and message in str(error.value)

@@ -13,8 +13,8 @@ import pytest
 
 from gateway.cli import main
 from loadtest.fleetsim.capacity import preset_capacity
-from loadtest.plan import Plan, plan
-from loadtest.sim.presets import (
+from loadtest.workloads import USER, UniqueTags, WorkItem, prompt_tokens, segment
+from routing.physics import (
     H100_SXM,
     L4,
     LLAMA_3_8B,
@@ -23,7 +23,7 @@ from loadtest.sim.presets import (
     ModelSpec,
     Preset,
 )
-from loadtest.workloads import USER, UniqueTags, WorkItem, prompt_tokens, segment
+from routing.plan import Plan, plan
 
 
 def make(model: ModelSpec = LLAMA_3_8B, gpu: GpuSpec = H100_SXM, **kw: Any) -> Plan:

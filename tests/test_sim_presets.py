@@ -1,18 +1,11 @@
-"""Presets and the step-time physics: the figures the issue expects, and their monotonicity."""
+"""Presets and the step-time physics: the figures each deployment gives, and their monotonicity."""
 
 from __future__ import annotations
 
 import pytest
 
-from loadtest.sim.presets import (
-    DEFAULT_PRESET,
-    PRESETS,
-    SMALL_PRESET,
-    attention_pairs,
-    derive,
-    describe,
-    step_time,
-)
+from loadtest.sim.presets import DEFAULT_PRESET, PRESETS, SMALL_PRESET, describe
+from routing.physics import attention_pairs, derive, step_time
 
 LLAMA_8B = PRESETS["llama-3-8b-h100"]
 LLAMA_70B = PRESETS["llama-3-70b-2xh100"]

@@ -38,7 +38,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from loadtest.sim.kvcache import BlockPool, chain_hashes
-from loadtest.sim.presets import Derived, Preset, attention_pairs, derive
+from routing.physics import Derived, Preset, attention_pairs, derive
 
 
 @dataclass(frozen=True, slots=True)

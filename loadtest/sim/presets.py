@@ -1,198 +1,38 @@
-"""Model and GPU presets for the simulator, and the physics that turns them into step times.
+"""The simulator's presets: named deployments of the known models on the known GPUs.
 
-A step of a vLLM-like engine runs every scheduled token through the model once. Its duration is
-
-    fixed overhead
-    + max(weight bytes / effective bandwidth, 2 * parameters * step tokens / effective FLOP/s)
-    + KV bytes the decodes read / effective bandwidth
-    + attention FLOPs of the prefill tokens / effective FLOP/s
-
-where "effective" applies an efficiency factor to the datasheet figure (kernels reach ~80% of HBM
-bandwidth and ~50% of dense bf16 FLOP/s in practice). The first `max` is the roofline of the dense
-layers: a small batch streams all weights once (memory-bound), a large one is compute-bound.
-Tensor parallelism splits weights, KV heads and FLOPs evenly over `num_gpus` GPUs, so bandwidth,
-FLOP/s and memory add up across them (its all-reduce cost is left out).
-
-The KV cache gets what memory utilization leaves after the weights, in blocks of `block_size`
-tokens; as in vLLM, that count (`num_gpu_blocks`) includes one reserved null block.
+The figures and the roofline that turns a preset into step times are `routing.physics`, shared
+with `kvgate plan` and the gateway's TTFT model; this module only names deployments of them for
+`kvgate sim --preset` and the fleet simulation, and describes one for `kvgate sim --describe`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
+from routing.physics import (
+    A100_SXM,
+    H100_SXM,
+    L4,
+    L40S,
+    LLAMA_3_2_1B,
+    LLAMA_3_8B,
+    LLAMA_3_70B,
+    QWEN_2_5_0_5B,
+    REFERENCE_PRESET,
+    Preset,
+    derive,
+)
 
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    name: str  # the served model name, e.g. "llama-3-8b"
-    num_params: float
-    num_layers: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    bytes_per_param: int = 2  # bf16 weights
-    kv_bytes_per_element: int = 2  # bf16 KV cache
-    max_model_len: int = 8192
+__all__ = ["DEFAULT_PRESET", "PRESETS", "SMALL_PRESET", "Preset", "describe"]
 
-
-@dataclass(frozen=True, slots=True)
-class GpuSpec:
-    name: str
-    hbm_bytes: float
-    bandwidth: float  # bytes/s
-    flops: float  # dense bf16 FLOP/s
-
-
-@dataclass(frozen=True, slots=True)
-class Preset:
-    """One simulated deployment: a model on `num_gpus` GPUs (tensor parallel) with vLLM settings."""
-
-    name: str
-    model: ModelSpec
-    gpu: GpuSpec
-    num_gpus: int = 1
-    gpu_memory_utilization: float = 0.9  # vLLM's default
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    step_overhead_s: float = 0.0004  # scheduler, sampling and launch time per step
-    bandwidth_efficiency: float = 0.8
-    flops_efficiency: float = 0.5
-
-    @property
-    def model_name(self) -> str:
-        return self.model.name
-
-    @property
-    def max_model_len(self) -> int:
-        return self.model.max_model_len
-
-
-@dataclass(frozen=True, slots=True)
-class Derived:
-    """Figures that follow from a preset; `derive(preset)` computes them once."""
-
-    kv_bytes_per_token: int
-    weight_bytes: float
-    kv_cache_bytes: float
-    num_gpu_blocks: int  # includes vLLM's reserved null block
-    effective_bandwidth: float  # bytes/s over all GPUs
-    effective_flops: float  # FLOP/s over all GPUs
-    dense_flops_per_token: float  # 2 * parameters
-    attention_flops_per_pair: float  # per (query token, key token) pair, all layers
-    step_overhead_s: float
-    block_size: int
-
-    def step_time(
-        self,
-        prefill_tokens: int,
-        prefill_ctx_tokens: int,
-        decode_seqs: int,
-        decode_ctx_tokens: int,
-    ) -> float:
-        """Seconds one step takes.
-
-        prefill_tokens: prompt (or recomputed) tokens computed this step.
-        prefill_ctx_tokens: their attention work, as the number of (query, key) pairs: a chunk of
-            c tokens after p cached or computed ones contributes `attention_pairs(p, c)`.
-        decode_seqs: sequences computing one token each.
-        decode_ctx_tokens: the KV tokens those decodes read, summed over the sequences.
-        """
-        tokens = prefill_tokens + decode_seqs
-        dense = max(
-            self.weight_bytes / self.effective_bandwidth,
-            tokens * self.dense_flops_per_token / self.effective_flops,
-        )
-        kv_read = decode_ctx_tokens * self.kv_bytes_per_token / self.effective_bandwidth
-        attention = prefill_ctx_tokens * self.attention_flops_per_pair / self.effective_flops
-        return self.step_overhead_s + dense + kv_read + attention
-
-    def decode_step_s(self, batch: int, ctx_tokens_total: int) -> float:
-        """A step of `batch` decodes reading `ctx_tokens_total` KV tokens in all."""
-        return self.step_time(0, 0, batch, ctx_tokens_total)
-
-    def prefill_step_s(self, tokens: int) -> float:
-        """A step that prefills one fresh prompt of `tokens` tokens and nothing else."""
-        return self.step_time(tokens, attention_pairs(0, tokens), 0, 0)
-
-    def prefill_tokens_per_s(self, tokens: int = 2048) -> float:
-        return tokens / self.prefill_step_s(tokens)
-
-    def kv_tokens_capacity(self) -> int:
-        """Tokens the KV cache holds, not counting the null block."""
-        return (self.num_gpu_blocks - 1) * self.block_size
-
-    def sequences_that_fit(self, tokens_per_seq: int) -> int:
-        blocks_per_seq = -(-tokens_per_seq // self.block_size)
-        return (self.num_gpu_blocks - 1) // blocks_per_seq
-
-
-def attention_pairs(prior_tokens: int, chunk_tokens: int) -> int:
-    """(query, key) pairs of causal attention for `chunk_tokens` new tokens after `prior_tokens`."""
-    return chunk_tokens * prior_tokens + chunk_tokens * (chunk_tokens + 1) // 2
-
-
-def derive(preset: Preset) -> Derived:
-    model, gpu = preset.model, preset.gpu
-    kv_bytes_per_token = (
-        2 * model.num_layers * model.num_kv_heads * model.head_dim * model.kv_bytes_per_element
-    )
-    weight_bytes = model.num_params * model.bytes_per_param
-    kv_cache_bytes = preset.num_gpus * gpu.hbm_bytes * preset.gpu_memory_utilization - weight_bytes
-    num_gpu_blocks = int(kv_cache_bytes // (kv_bytes_per_token * preset.block_size))
-    if num_gpu_blocks < 2:
-        raise ValueError(f"preset {preset.name}: the weights leave no memory for the KV cache")
-    return Derived(
-        kv_bytes_per_token=kv_bytes_per_token,
-        weight_bytes=weight_bytes,
-        kv_cache_bytes=kv_cache_bytes,
-        num_gpu_blocks=num_gpu_blocks,
-        effective_bandwidth=preset.num_gpus * gpu.bandwidth * preset.bandwidth_efficiency,
-        effective_flops=preset.num_gpus * gpu.flops * preset.flops_efficiency,
-        dense_flops_per_token=2.0 * model.num_params,
-        # QK^T and AV: two multiply-adds per head dimension per query head per layer.
-        attention_flops_per_pair=4.0 * model.num_layers * model.num_attention_heads
-        * model.head_dim,
-        step_overhead_s=preset.step_overhead_s,
-        block_size=preset.block_size,
-    )
-
-
-def step_time(
-    preset: Preset,
-    prefill_tokens: int,
-    prefill_ctx_tokens: int,
-    decode_seqs: int,
-    decode_ctx_tokens: int,
-) -> float:
-    """`derive(preset).step_time(...)`; callers on a hot path keep the `Derived` instead."""
-    return derive(preset).step_time(prefill_tokens, prefill_ctx_tokens, decode_seqs,
-                                    decode_ctx_tokens)
-
-
-H100_SXM = GpuSpec("H100 SXM 80GB", hbm_bytes=80e9, bandwidth=3.35e12, flops=989e12)
-L40S = GpuSpec("L40S 48GB", hbm_bytes=48e9, bandwidth=864e9, flops=362e12)
-L4 = GpuSpec("L4 24GB", hbm_bytes=24e9, bandwidth=300e9, flops=121e12)
-A100_SXM = GpuSpec("A100 SXM 80GB", hbm_bytes=80e9, bandwidth=2.039e12, flops=312e12)
-
-LLAMA_3_8B = ModelSpec("llama-3-8b", num_params=8.03e9, num_layers=32, num_attention_heads=32,
-                       num_kv_heads=8, head_dim=128)
-LLAMA_3_70B = ModelSpec("llama-3-70b", num_params=70.6e9, num_layers=80, num_attention_heads=64,
-                        num_kv_heads=8, head_dim=128)
-LLAMA_3_2_1B = ModelSpec("llama-3.2-1b", num_params=1.24e9, num_layers=16, num_attention_heads=32,
-                         num_kv_heads=8, head_dim=64, max_model_len=32768)
-QWEN_2_5_0_5B = ModelSpec("qwen2.5-0.5b", num_params=0.494e9, num_layers=24,
-                          num_attention_heads=14, num_kv_heads=2, head_dim=64, max_model_len=32768)
-
-DEFAULT_PRESET = "llama-3-8b-h100"
+DEFAULT_PRESET = REFERENCE_PRESET.name
 SMALL_PRESET = "llama-3.2-1b-l40s"  # the small-model pool
 
 PRESETS: Mapping[str, Preset] = MappingProxyType({
     p.name: p
     for p in (
-        Preset("llama-3-8b-h100", LLAMA_3_8B, H100_SXM),
+        REFERENCE_PRESET,
         # The same model on slower GPUs, for heterogeneous fleets (one model, mixed speeds).
         Preset("llama-3-8b-a100", LLAMA_3_8B, A100_SXM),
         Preset("llama-3-8b-l40s", LLAMA_3_8B, L40S),

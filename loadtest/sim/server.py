@@ -41,10 +41,11 @@ from loadtest.sim.api import (
 from loadtest.sim.driver import EngineFailed, LiveRequest, RealtimeDriver
 from loadtest.sim.engine import Engine, SimRequest
 from loadtest.sim.exposition import CONTENT_TYPE, FORMATS, MetricsFormat, ProcessSample, ServerInfo
-from loadtest.sim.presets import DEFAULT_PRESET, PRESETS, Preset
+from loadtest.sim.presets import DEFAULT_PRESET, PRESETS
 from loadtest.sim.slots import CONTENT_TYPE as SLOTS_CONTENT_TYPE
 from loadtest.sim.slots import RequestParams, Slots
 from loadtest.sim.tokens import natural_output_length, output_piece, output_seed
+from routing.physics import Preset
 
 MAX_BODY_BYTES = 64 * 2**20  # long-context prompts are large
 

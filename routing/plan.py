@@ -1,7 +1,7 @@
 """Capacity planning: what one replica of a model on some GPUs sustains, and how many it takes.
 
-Pure: `plan(...)` takes specs and a request shape and returns a frozen `Plan`. The physics is the
-simulator's (`loadtest.sim.presets`: a `Preset` and `derive(preset)`), never restated here.
+Pure: `plan(...)` takes specs and a request shape and returns a frozen `Plan`. The physics is
+`routing.physics` (a `Preset` and `derive(preset)`, the simulator's own), never restated here.
 
 Steady state of a saturated replica running B sequences of `prompt` + `output` tokens:
 
@@ -18,11 +18,9 @@ Steady state of a saturated replica running B sequences of `prompt` + `output` t
 with chunks of at most `max_num_batched_tokens`, as the engine schedules them. The saturated
 capacity is the best r over B in 1..min(max_num_seqs, sequences whose KV fits); the SLO capacity
 the best r whose TPOT meets the TPOT SLO. Queueing under bursty arrivals is not modelled:
-`kvgate simulate` checks a plan. Against `loadtest.fleetsim.capacity.preset_capacity` (requests/s
-of one saturated simulated engine), planned vs simulated: llama-3-8b on H100, 1000 + 250 tokens,
-18.09 vs 18.7; 100 + 250, 68.9 vs 69.3; 4000 + 100, 6.18 vs 6.11; on L4, 1000 + 250, 1.14 vs
-1.10; llama-3-70b on 2 x H100, 1000 + 250, 3.45 vs 3.29 at memory utilization 1.0, and 0.80 vs
-0.88 at 0.9 (KV for 6 such requests: the engine overcommits it and preempts).
+`kvgate simulate` checks a plan, and the tests hold the saturated capacity close to that of one
+saturated simulated engine fed the same requests. Preemption is not modelled either: where few
+requests fit the KV cache, the engine overcommits it and preempts, and departs from the plan.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from loadtest.sim.presets import Derived, GpuSpec, ModelSpec, Preset, attention_pairs, derive
+from routing.physics import Derived, GpuSpec, ModelSpec, Preset, attention_pairs, derive
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +148,7 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus_per_replica: int = 1, prompt_to
 
 def _derive(preset: Preset) -> Derived:
     model, gpu = preset.model, preset.gpu
-    weights = model.num_params * model.bytes_per_param
+    weights = model.weight_bytes
     memory = preset.num_gpus * gpu.hbm_bytes * preset.gpu_memory_utilization
     where = (f"{preset.num_gpus} x {gpu.name} at memory utilization "
              f"{preset.gpu_memory_utilization:g} ({memory / 1e9:.1f} GB)")

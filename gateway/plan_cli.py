@@ -5,13 +5,13 @@
                 [--gpus-per-replica N] [--prompt-tokens 1000] [--output-tokens 250] [--rate R]
                 [--tpot-slo-ms 50] [--ttft-slo-ms 1000] [--memory-utilization 0.9] [--json]
 
-The figures are the simulator's roofline model (`loadtest/sim/presets.py`), not a second one: a
-step takes overhead + max(weight bytes / bandwidth, 2 x params x tokens / FLOP/s) + KV bytes read
-/ bandwidth + attention FLOPs / FLOP/s, at 80% of datasheet bandwidth and 50% of dense bf16
-FLOP/s. A saturated replica decoding B sequences makes r = (D / output) / (1 + (D / output) x
-prompt / prefill tokens/s) requests/s, D = B / decode step(B) (`loadtest/plan.py`); the plan takes
-the best B, and the best within the TPOT SLO. It is a steady-state estimate for one request
-shape: `kvgate simulate` checks a plan under real arrivals, queueing and a mix of sizes.
+The figures are `routing.physics`, the simulator's roofline model, not a second one: a step
+takes overhead + max(weight bytes / bandwidth, 2 x params x tokens / FLOP/s) + KV bytes read /
+bandwidth + attention FLOPs / FLOP/s, at the kernel efficiencies there. A saturated replica
+decoding B sequences makes r = (D / output) / (1 + (D / output) x prompt / prefill tokens/s)
+requests/s, D = B / decode step(B) (`routing.plan`); the plan takes the best B, and the best within
+the TPOT SLO. It is a steady-state estimate for one request shape: `kvgate simulate` checks a plan
+under real arrivals, queueing and a mix of sizes.
 """
 
 from __future__ import annotations
@@ -19,27 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 from gateway.cli import UsageError
-from loadtest.plan import Operating, Plan, plan
-from loadtest.sim.presets import (
-    A100_SXM,
-    H100_SXM,
-    L4,
-    L40S,
-    LLAMA_3_2_1B,
-    LLAMA_3_8B,
-    LLAMA_3_70B,
-    QWEN_2_5_0_5B,
-    GpuSpec,
-    ModelSpec,
-)
+from routing.physics import GPUS, LLAMA_3_8B, MODELS, GpuSpec, ModelSpec
+from routing.plan import Operating, Plan, plan
 
-MODELS: Mapping[str, ModelSpec] = {
-    m.name: m for m in (LLAMA_3_8B, LLAMA_3_70B, LLAMA_3_2_1B, QWEN_2_5_0_5B)}
-GPUS: Mapping[str, GpuSpec] = {"h100": H100_SXM, "a100": A100_SXM, "l40s": L40S, "l4": L4}
 DEFAULT_MODEL = LLAMA_3_8B.name
 _CUSTOM_MODEL = ("params_b", "layers", "heads", "kv_heads", "head_dim")
 _CUSTOM_GPU = ("gpu_memory_gb", "gpu_bandwidth_tbs", "gpu_tflops")
