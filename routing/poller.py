@@ -109,14 +109,21 @@ import aiohttp
 
 from routing.fleet import Fleet
 from routing.hot_template import _HotTemplate
-from routing.metrics import MetricsError, parse_slots, read_metrics, snapshot_of, with_slots
+from routing.metrics import (
+    GroupCache,
+    MetricsError,
+    parse_slots,
+    read_metrics,
+    snapshot_of,
+    with_slots,
+)
 from routing.metrics.query import METRICS_PATH, slow_groups
 from routing.poll_timing import full_every_for, restamped, retry_delay
 from routing.scrape_client import ScrapeError, ScrapeTimeout, SessionClient, client_for
-from routing.scrape_state import _Backend, _completed, _route
+from routing.scrape_state import Reuse, _Backend, _completed, _route
 from routing.state import BackendSnapshot
 
-__all__ = ["Poller", "full_every_for", "restamped", "retry_delay"]
+__all__ = ["Poller", "Reuse", "full_every_for", "restamped", "retry_delay"]
 
 log = logging.getLogger("kvgate.poller")
 
@@ -142,6 +149,7 @@ class Poller:
         full_every: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_error: Callable[[str, str], None] | None = None,
+        reuse: Reuse | None = None,
     ) -> None:
         """`session`: an aiohttp session to scrape every backend through (not closed here);
         None = the poller's own keep-alive connections, plus an aiohttp session of its own for
@@ -166,6 +174,7 @@ class Poller:
         self._full_every = full_every
         self._clock = clock
         self._on_error = on_error
+        self._reuse = reuse or Reuse()
         self.scrapes_ok = 0
         self.scrapes_failed = 0
         self.scrapes_filtered = 0  # of scrapes_ok, answered through a `name[]` path
@@ -314,6 +323,11 @@ class Poller:
         whole only in its numbers is read from them (`_HotTemplate`)."""
         last = backend.last_snapshot
         hot = backend.fetching == backend.hot
+        reuse = self._reuse
+        if not reuse.group_cache:
+            backend.groups = GroupCache()
+        if not reuse.byte_equal:
+            backend.last_body, backend.hot_memo, backend.full_memo = b"", None, None
         template = backend.hot_template if hot else None
         if template is not None and template.slow is not backend.slow:
             template = backend.hot_template = None
@@ -343,7 +357,7 @@ class Poller:
                     backend.hot_memo = body, reading
                 else:
                     backend.full_memo = body, reading
-            if last is not None and reading == backend.last_reading:
+            if reuse.series_equal and last is not None and reading == backend.last_reading:
                 snapshot = restamped(last, backend.taken_at)
             else:
                 snapshot = snapshot_of(
@@ -353,7 +367,7 @@ class Poller:
                     cache=backend.groups,
                 )
                 parsed = True
-                if hot and (template is None or template.values is not None):
+                if hot and reuse.templates and (template is None or template.values is not None):
                     assert backend.slow is not None  # a hot answer is completed with it
                     backend.hot_template = _HotTemplate.of(
                         body, reading, snapshot, backend.groups.samples, backend.slow,

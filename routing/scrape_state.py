@@ -26,6 +26,22 @@ from routing.scrape_client import Done, ScrapeClient, ScrapeError
 from routing.state import BackendSnapshot, BackendSpec
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reuse:
+    """Which of the poller's re-use tiers are on (all, by default). Each one gives the same
+    snapshots as parsing every answer whole; switching one off only costs CPU, which is what
+    loadtest/bench_scrape.py measures. `byte_equal`: an answer byte for byte equal to the last
+    one of its kind is not read again; `series_equal`: one whose series the format reads are
+    equal is not parsed again; `group_cache`: of a parsed answer, only the groups that changed
+    are parsed; `templates`: a hot answer that differs from the last one only in its numbers is
+    read from them."""
+
+    byte_equal: bool = True
+    series_equal: bool = True
+    group_cache: bool = True
+    templates: bool = True
+
+
 def _unbound(result: bytes | ScrapeError) -> None:
     raise RuntimeError("a poller callback used before it was bound")
 
