@@ -54,7 +54,7 @@ from routing.state import BackendSpec
 INTERVAL = 0.1  # the gateway's default `routing.poll_interval_s`
 CYCLE = 64  # pre-rendered answers per workload and query
 WORKLOADS = ("busy", "idle")
-_OFF = Reuse(byte_equal=False, series_equal=False, group_cache=False, templates=False)
+_OFF = Reuse(byte_equal=False, templates=False)
 
 
 class Variant(NamedTuple):
@@ -74,9 +74,6 @@ VARIANTS: Mapping[str, Variant] = {
     "no-keepalive-client": Variant("aiohttp's client instead of the keep-alive one",
                                    aiohttp=True),
     "no-byte-equal": Variant("no byte-equal reuse", reuse=Reuse(byte_equal=False)),
-    "no-series-equal": Variant("no series-equal reuse", reuse=Reuse(series_equal=False)),
-    "no-group-cache": Variant("no partial parsing (every group parsed)",
-                              reuse=Reuse(group_cache=False)),
     "no-hot-full": Variant("no hot/full scrapes (every name every time)", full_every=1),
     "no-templates": Variant("no number templates", reuse=Reuse(templates=False)),
 }
@@ -216,12 +213,17 @@ async def poll(variant: Variant, urls: list[str], warmup: float, seconds: float)
             "healthy": sum(fleet.is_healthy(spec.id) for spec in specs)}
 
 
-def measure(name: str, urls: list[str], warmup: float, seconds: float) -> dict[str, Any]:
-    """One measurement, in a process of its own."""
+def measure(name: str, urls: list[str], warmup: float, seconds: float,
+            baseline: str | None = None) -> dict[str, Any]:
+    """One measurement, in a process of its own; "baseline" is the as-is poller of the source
+    tree at `baseline` (its own loadtest/bench_scrape.py runs it)."""
+    tree = baseline if name == "baseline" else None
     out = subprocess.run(
-        [sys.executable, "-m", "loadtest.bench_scrape", "--poll", name, "--warmup", str(warmup),
+        [sys.executable, "-m", "loadtest.bench_scrape", "--poll",
+         "as-is" if name == "baseline" else name, "--warmup", str(warmup),
          "--seconds", str(seconds), "--urls", ",".join(urls)],
-        capture_output=True, text=True, check=True)
+        capture_output=True, text=True, check=True, cwd=tree,
+        env={**os.environ, "PYTHONPATH": tree} if tree else None)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
@@ -233,13 +235,13 @@ def run(args: argparse.Namespace) -> list[Table]:
     shares: dict[tuple[str, int, str], list[float]] = {}
     checks: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     with backends(max(args.backends)) as ports:
-        order = list(args.variants)
+        order = list(args.variants) + (["baseline"] if args.baseline else [])
         for rep in range(args.repeats):
             for workload in args.workloads:
                 for n in args.backends:
                     urls = [f"http://127.0.0.1:{p}/{workload}" for p in ports[:n]]
                     for name in order[rep % len(order):] + order[:rep % len(order)]:
-                        res = measure(name, urls, args.warmup, args.seconds)
+                        res = measure(name, urls, args.warmup, args.seconds, args.baseline)
                         shares.setdefault((workload, n, name), []).append(res["share"])
                         checks.setdefault((workload, n, name), []).append(res)
                         print(f"  round {rep + 1} {workload:<5}{n:>4} {name:<20}"
@@ -249,7 +251,7 @@ def run(args: argparse.Namespace) -> list[Table]:
     tables = []
     for workload in args.workloads:
         rows = []
-        for name in args.variants:
+        for name in list(args.variants) + (["baseline"] if args.baseline else []):
             row: list[Any] = [name]
             for n in args.backends:
                 median = statistics.median(shares[workload, n, name])
@@ -258,16 +260,22 @@ def run(args: argparse.Namespace) -> list[Table]:
                 row.append(round(100 * median, 2))
                 row.append("" if base is None or name == "as-is"
                            else round(100 * (median - base), 2))
+                row.append(round(statistics.median(
+                    r["scrapes"] for r in checks[workload, n, name])))
             rows.append(row)
-        columns = ["variant"] + [c for n in args.backends for c in (f"{n}: % core",
-                                                                       f"{n}: saved")]
+        columns = ["variant"] + [c for n in args.backends for c in (
+            f"{n}: % core", f"{n}: saved", f"{n}: scrapes/s")]
         tables.append(Table(
             f"Poller CPU, {workload} vLLM backends every {INTERVAL * 1000:.0f} ms",
             columns, rows,
             notes=(f"Median of {args.repeats} interleaved runs of {args.seconds:g} s each "
                    "(process CPU time of the poller's process, % of one core). 'saved': what "
                    "the piece the variant takes out saves, in points of a core: the variant's "
-                   "median minus the poller's as it is.")))
+                   "median minus the poller's as it is. 'scrapes/s': the median rate of scrapes "
+                   f"done (the schedule asks for N / {INTERVAL:g} s); a variant that falls short "
+                   "of it could not keep up, and its CPU share understates its cost."
+                   + (f" 'baseline': the as-is poller of {args.baseline_name}."
+                      if args.baseline else ""))))
     return tables
 
 
@@ -284,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="measured time per run")
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="a source tree whose as-is poller runs beside, as 'baseline'")
+    parser.add_argument("--baseline-name", default="the baseline tree",
+                        help="what the baseline is, for the table's notes")
     parser.add_argument("--no-record", dest="record", action="store_false")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--poll", choices=tuple(VARIANTS), help=argparse.SUPPRESS)

@@ -13,10 +13,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from routing import poller as poller_module
+from routing import scrape_state
 from routing.fleet import Fleet
 from routing.metrics import Reading, snapshot_of
-from routing.poller import Poller, restamped, retry_delay
+from routing.poller import Poller, Reuse, restamped, retry_delay
 from routing.state import BackendSnapshot, BackendSpec
 from tests.paths import FIXTURES, eventually, free_port
 
@@ -255,8 +255,12 @@ RUNNING_24 = (b'vllm:num_requests_running{engine="0",model_name="meta-llama/Llam
               b" 24.0")
 
 
+@pytest.mark.parametrize(("reuse", "parses"), [
+    pytest.param(Reuse(), 1, id="the same bytes again: the last snapshot, restamped"),
+    pytest.param(Reuse(byte_equal=False), 5, id="byte-equal reuse off: parsed every time"),
+])
 async def test_an_idle_backend_is_not_parsed_again_and_stays_fresh(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, reuse: Reuse, parses: int,
 ) -> None:
     parsed: list[float] = []
 
@@ -264,15 +268,15 @@ async def test_an_idle_backend_is_not_parsed_again_and_stays_fresh(
         parsed.append(kwargs["taken_at"])
         return snapshot_of(reading, **kwargs)
 
-    monkeypatch.setattr(poller_module, "snapshot_of", counting_snapshot_of)
-    cpu = b"process_cpu_seconds_total 812.33"
-    idle = changing(lambda n: VLLM_V1.replace(cpu, f"process_cpu_seconds_total {812 + n}".encode()))
-    async with serving({"/metrics": idle}) as url:
+    monkeypatch.setattr(scrape_state, "snapshot_of", counting_snapshot_of)
+    async with serving({"/metrics": body(VLLM_V1)}) as url:
         f = fleet_of({"idle": url})
-        async with poller(f).running() as p:
+        p = Poller(f, interval=0.01, timeout=0.25, backoff_max=0.05, reuse=reuse)
+        async with p.running():
             await eventually(lambda: p.scrapes_ok >= 5, "five scrapes")
             snap = f.snapshot("idle")
-    assert len(parsed) == 1  # the process CPU changed every time, the load series did not
+            ok = p.scrapes_ok
+    assert len(parsed) == (parses if parses == 1 else ok)
     assert snap is not None and snap.taken_at > parsed[0]
     assert (snap.running, snap.kv_free_blocks) == (24, 15795)
 
