@@ -16,7 +16,8 @@
    the vLLM V1 fixture (~50 KB, ~500 lines) at /metrics; this process runs the real `Poller`
    against them at `--interval` (on uvloop, as the gateway does; formats auto-detected) and
    measures its own CPU time (user + system, from getrusage) over `--seconds`, after a warm-up.
-   The share is CPU seconds per wall second: 100% is one core; the target (issue 4) is under 5%.
+   The share is CPU seconds per wall second: 100% is one core; the target is under 5%.
+   (loadtest/bench_scrape.py measures each piece of the scrape stack, side by side.)
    Two kinds of server (`--servers`):
    - filtered: what vLLM serves. prometheus_client's own exposition over a registry holding
      the fixture's families, one collector per family as vLLM registers them
@@ -36,16 +37,14 @@
    - same: the same bytes at every scrape (an idle simulator): the poller re-uses its snapshot
      after a byte comparison.
    - idle: the process CPU counter changes at every scrape, the load series do not (an idle
-     real server): unfiltered, the poller cuts the load series out, finds them equal and re-uses
-     its snapshot; filtered, the answer holds no process series, so it is "same" again.
-   - busy: running, KV usage and a counter change at every scrape: a parse every time (of the
-     series that changed: the others' samples are kept, routing/metrics/prom.py `GroupCache`),
-     or, for a filtered hot answer, its numbers read into the last snapshot's load figures.
+     real server): unfiltered, the poller reads and parses the load series again; filtered, the
+     answer holds no process series, so it is "same" again.
+   - busy: running, KV usage and a counter change at every scrape: a parse every time, or, for a
+     filtered hot answer, its numbers read into the last snapshot's load figures.
    `--group-size` backends are scraped in the same instant (see routing/poller.py). The servers'
    CPU is not counted, but the filter saves theirs too: the last line of part 1 is what
    prometheus_client takes to render the whole vLLM V1 payload and the name[] answer.
-3. For reference, the same GETs through a bare aiohttp loop (the poller's client before the
-   keep-alive client), no parsing, no poller.
+3. For reference, the same GETs through a bare aiohttp loop, no parsing, no poller.
 Other processes on the machine disturb the figures (caches, scheduling): the load averages are
 printed before and after; run it a few times and quote the range.
 """
@@ -231,9 +230,8 @@ class Exposition:
     the names) over `fixture_registry`, memoised per set of names: the first `cycle` answers
     are rendered, each a step further, then served in turn. Rendering at every request would
     make these servers slower than the unfiltered ones, and a slower server spreads its
-    answers over more of the poller's wake-ups (measured: +2.4 points of a core for the same
-    payloads), which would blur the comparison. The render cost itself is reported with the
-    parse costs."""
+    answers over more of the poller's wake-ups, which would blur the comparison. The render
+    cost itself is reported with the parse costs."""
 
     def __init__(self, template: str, kind: str, cycle: int = 16) -> None:
         self._registry = fixture_registry(template, kind)

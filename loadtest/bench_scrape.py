@@ -48,34 +48,33 @@ from loadtest.results import Table, record
 from loadtest.sim.engine import EngineStats
 from loadtest.sim.exposition import CONTENT_TYPE, ProcessSample, ServerInfo, VllmV1Format
 from routing.fleet import Fleet
-from routing.poller import Poller, Reuse
+from routing.poller import Poller
 from routing.state import BackendSpec
 
 INTERVAL = 0.1  # the gateway's default `routing.poll_interval_s`
 CYCLE = 64  # pre-rendered answers per workload and query
 WORKLOADS = ("busy", "idle")
-_OFF = Reuse(byte_equal=False, templates=False)
 
 
 class Variant(NamedTuple):
     """One poller configuration: `aiohttp` scrapes through an aiohttp session instead of the
-    keep-alive client; `full_every` 1 asks for every name at every scrape (no hot tier)."""
+    keep-alive client; `full_every` 1 asks for every name at every scrape (no hot tier);
+    `templates` False parses every hot answer whole."""
 
     what: str
     aiohttp: bool = False
-    reuse: Reuse = Reuse()
+    templates: bool = True
     full_every: int | None = None
 
 
 VARIANTS: Mapping[str, Variant] = {
     "as-is": Variant("the poller as it is"),
     "aiohttp-plain": Variant("aiohttp client, every answer parsed whole, every name every time",
-                             aiohttp=True, reuse=_OFF, full_every=1),
+                             aiohttp=True, templates=False, full_every=1),
     "no-keepalive-client": Variant("aiohttp's client instead of the keep-alive one",
                                    aiohttp=True),
-    "no-byte-equal": Variant("no byte-equal reuse", reuse=Reuse(byte_equal=False)),
     "no-hot-full": Variant("no hot/full scrapes (every name every time)", full_every=1),
-    "no-templates": Variant("no number templates", reuse=Reuse(templates=False)),
+    "no-templates": Variant("no number templates", templates=False),
 }
 __doc__ += "".join(f"- {name}: {v.what}\n" for name, v in VARIANTS.items())
 __doc__ += """
@@ -199,7 +198,7 @@ async def poll(variant: Variant, urls: list[str], warmup: float, seconds: float)
                 connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar(),
                 skip_auto_headers=("Accept-Encoding",)))
         poller = Poller(fleet, session=session, interval=INTERVAL, full_every=variant.full_every,
-                        reuse=variant.reuse)
+                        templates=variant.templates)
         await stack.enter_async_context(poller.running())
         await asyncio.sleep(warmup)
         ok0, failed0 = poller.scrapes_ok, poller.scrapes_failed

@@ -4,8 +4,8 @@ interval and reports into the Fleet.
 Where the pieces are: this module schedules the scrapes and handles their answers (`Poller`);
 routing/scrape_state.py holds each backend's polling state (`ScrapeState`) and the path its next
 scrape asks for; routing/hot_template.py reads hot answers from their numbers;
-routing/poll_timing.py holds the pure time arithmetic (`full_every_for`, `retry_delay`,
-`restamped`), re-exported here; routing/scrape_client.py is the keep-alive HTTP client. What each
+routing/poll_timing.py holds the pure time arithmetic (`full_every_for`, `retry_delay`),
+re-exported here; routing/scrape_client.py is the keep-alive HTTP client. What each
 piece saves, measured, is in docs/scraping.md (loadtest/bench_scrape.py).
 
 - Schedule: backends are scraped in groups of `group_size`, each group at its own phase of the
@@ -35,9 +35,6 @@ piece saves, measured, is in docs/scraping.md (loadtest/bench_scrape.py).
   probed with exponential backoff (`retry_delay`) until it answers.
 - llama.cpp's KV figures come from `GET /slots`, fetched after its /metrics within the same
   deadline; a server with slots disabled (404/501) still yields a snapshot, without KV figures.
-- Re-use: an answer byte for byte equal to the backend's previous one is not read again: the
-  previous snapshot is reused with the new `taken_at` (same input, same values). A filtered
-  answer of an idle server is the same bytes scrape after scrape.
 - Filtering: vLLM and SGLang render /metrics with prometheus_client, which answers
   `/metrics?name[]=...` with only the samples named (routing/metrics/query.py): a small part of
   the whole payload, less work for us and much less for the backend. A backend of one of those
@@ -95,13 +92,13 @@ from routing.metrics import (
     with_slots,
 )
 from routing.metrics.query import METRICS_PATH
-from routing.poll_timing import full_every_for, restamped, retry_delay
+from routing.poll_timing import full_every_for, retry_delay
 from routing.scrape_client import ScrapeError, ScrapeTimeout
 from routing.scrape_session import SessionClient, client_for
-from routing.scrape_state import Reuse, ScrapeState, answer_snapshot, route
+from routing.scrape_state import ScrapeState, answer_snapshot, route
 from routing.state import BackendSnapshot
 
-__all__ = ["Poller", "Reuse", "full_every_for", "restamped", "retry_delay"]
+__all__ = ["Poller", "full_every_for", "retry_delay"]
 
 log = logging.getLogger("kvgate.poller")
 
@@ -127,7 +124,7 @@ class Poller:
         full_every: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_error: Callable[[str, str], None] | None = None,
-        reuse: Reuse | None = None,
+        templates: bool = True,
     ) -> None:
         """`session`: an aiohttp session to scrape every backend through (not closed here);
         None = the poller's own keep-alive connections, plus an aiohttp session of its own for
@@ -136,8 +133,9 @@ class Poller:
         exception's class name: a small, bounded set, fit for a metric label); it must not
         raise. `full_every`: a backend on a tiered filtered path asks for every name at every
         `full_every`-th grid point, for the moving ones only in between (module docstring);
-        None = about once a second, 1 = every name at every scrape. `reuse`: which re-use tiers
-        are on (all by default; loadtest/bench_scrape.py takes each out to measure it)."""
+        None = about once a second, 1 = every name at every scrape. `templates`: hot answers
+        are read from their numbers where they can be (False: parsed whole; the answers are the
+        same, loadtest/bench_scrape.py measures the difference)."""
         if interval <= 0 or timeout <= 0 or group_size < 1:
             raise ValueError("need a positive poll interval, scrape timeout and group size")
         if full_every is None:
@@ -153,7 +151,7 @@ class Poller:
         self._full_every = full_every
         self._clock = clock
         self._on_error = on_error
-        self._reuse = reuse or Reuse()
+        self._templates = templates
         self.scrapes_ok = 0
         self.scrapes_failed = 0
         self.scrapes_filtered = 0  # of scrapes_ok, answered through a `name[]` path
@@ -239,7 +237,7 @@ class Poller:
                 raise result
             try:
                 snapshot, templated = answer_snapshot(
-                    backend, result, self._reuse, self._full_every)
+                    backend, result, self._full_every, templates=self._templates)
                 self.scrapes_templated += templated
             except MetricsError as exc:
                 if self._unfilter(backend, exc):

@@ -1,14 +1,14 @@
-"""One backend's polling state (`ScrapeState`), which re-use tiers are on (`Reuse`), and the steps
-on the state that need nothing of the poller's: the snapshot of an answer (`answer_snapshot`),
-pointing the next /metrics requests at a path (`route`), and completing a hot answer with the
-last full answer's slow groups (`completed_hot`).
+"""One backend's polling state (`ScrapeState`), and the steps on it that need nothing of the
+poller's: the snapshot of an answer (`answer_snapshot`), pointing the next /metrics requests at a
+path (`route`), and completing a hot answer with the last full answer's slow groups
+(`completed_hot`).
 
 Contract
 - Only the poller's callbacks (routing/poller.py), on the event loop, read or write a
   `ScrapeState`: one per backend, created in `Poller.run`, updated in place at every scrape,
   never shared. The rest of routing reads the frozen `BackendSnapshot` the poller reports into
   the Fleet, never this state.
-- The rules these fields and steps carry out (Filtering, Tiers, Re-use) are stated in the module
+- The rules these fields and steps carry out (Filtering, Tiers) are stated in the module
   docstring of routing/poller.py; the hot-answer template's, in routing/hot_template.py.
 - These steps work on the state and their arguments alone: no I/O, no clock, no logging.
   `answer_snapshot` (through `completed_hot`) raises `MetricsError` for a hot answer it cannot
@@ -23,21 +23,8 @@ from routing.hot_template import HotTemplate
 from routing.metrics import MetricsError, Reading, read_metrics, snapshot_of
 from routing.metrics.prom import Groups
 from routing.metrics.query import METRICS_PATH, completed, filtered_path, hot_path, slow_groups
-from routing.poll_timing import restamped
 from routing.scrape_client import Done, ScrapeClient, ScrapeError
 from routing.state import BackendSnapshot, BackendSpec
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Reuse:
-    """Which of the poller's re-use tiers are on (all, by default). Each one gives the same
-    snapshots as parsing every answer whole; switching one off only costs CPU, which is what
-    loadtest/bench_scrape.py measures. `byte_equal`: an answer byte for byte equal to the last
-    one is not read again; `templates`: a hot answer that differs from the last one parsed
-    whole only in its numbers is read from them (routing/hot_template.py)."""
-
-    byte_equal: bool = True
-    templates: bool = True
 
 
 def _unbound(result: bytes | ScrapeError) -> None:
@@ -80,10 +67,9 @@ class ScrapeState:
     hot_failed: bool = False
     # The last hot answer parsed whole, as a template for the next ones (`HotTemplate`).
     hot_template: HotTemplate | None = None
-    # The last payload, the series read from it (None: read from its numbers), and its snapshot.
-    last_body: bytes = b""
+    # The series read from the last answer (None: read from its numbers): on a tiered path, the
+    # full answer's slow groups come from it.
     last_reading: Reading | None = None
-    last_snapshot: BackendSnapshot | None = None
 
 
 def route(backend: ScrapeState, family: str) -> None:
@@ -113,46 +99,38 @@ def completed_hot(backend: ScrapeState, reading: Reading) -> Reading:
 
 
 def answer_snapshot(
-    backend: ScrapeState, body: bytes, reuse: Reuse, full_every: int
+    backend: ScrapeState, body: bytes, full_every: int, *, templates: bool = True
 ) -> tuple[BackendSnapshot, bool]:
     """The snapshot of the answer `body` to the request the backend's scrape sent
-    (`backend.fetching`), and whether it was read from its numbers (a `HotTemplate`). The last
-    snapshot restamped when the bytes are the same as the last answer's. A hot answer's series
-    are completed with the last full answer's slow ones; a full filtered answer's are kept for
-    the hot answers until the next one, which is asked for `full_every` grid points after this
-    scrape's. Raises MetricsError for an answer that is not the backend's format."""
-    last = backend.last_snapshot
+    (`backend.fetching`), and whether it was read from its numbers (a `HotTemplate`, when
+    `templates`). A hot answer's series are completed with the last full answer's slow ones; a
+    full filtered answer's are kept for the hot answers until the next one, which is asked for
+    `full_every` grid points after this scrape's. Raises MetricsError for an answer that is not
+    the backend's format."""
     hot = backend.fetching == backend.hot
-    if reuse.byte_equal and last is not None and body == backend.last_body and (
-        hot or backend.last_reading is not None  # a full answer's slow groups are needed
-    ):
-        snapshot = restamped(last, backend.taken_at)
-    else:
-        template = backend.hot_template if hot else None
-        if template is not None and template.slow is not backend.slow:
-            template = backend.hot_template = None
-        if template is not None:
-            from_numbers = template.snapshot_of(body, backend.taken_at)
-            if from_numbers is not None:
-                # No reading: the next full answer, or hot answer unlike this one, is read and
-                # parsed whole.
-                backend.last_body, backend.last_reading = body, None
-                backend.last_snapshot = from_numbers
-                return from_numbers, True
-        spec = backend.spec
-        reading = read_metrics(body, format=spec.metrics_format)
-        if hot:
-            reading = completed_hot(backend, reading)
-        snapshot = snapshot_of(
-            reading, taken_at=backend.taken_at, max_batch_total_tokens=spec.max_batch_total_tokens)
-        if hot and reuse.templates and (template is None or template.values is not None):
-            assert backend.slow is not None  # a hot answer is completed with it
-            backend.hot_template = HotTemplate.of(
-                body, reading, snapshot, backend.slow, backend.hot_names)
-        backend.last_body, backend.last_reading = body, reading
-        backend.last_snapshot = snapshot
-        if reading.family != backend.path_family:
-            route(backend, reading.family)
+    template = backend.hot_template if hot else None
+    if template is not None and template.slow is not backend.slow:
+        template = backend.hot_template = None
+    if template is not None:
+        from_numbers = template.snapshot_of(body, backend.taken_at)
+        if from_numbers is not None:
+            # No reading: the next full answer, or hot answer unlike this one, is read and parsed
+            # whole.
+            backend.last_reading = None
+            return from_numbers, True
+    spec = backend.spec
+    reading = read_metrics(body, format=spec.metrics_format)
+    if hot:
+        reading = completed_hot(backend, reading)
+    snapshot = snapshot_of(
+        reading, taken_at=backend.taken_at, max_batch_total_tokens=spec.max_batch_total_tokens)
+    if hot and templates and (template is None or template.values is not None):
+        assert backend.slow is not None  # a hot answer is completed with it
+        backend.hot_template = HotTemplate.of(
+            body, reading, snapshot, backend.slow, backend.hot_names)
+    backend.last_reading = reading
+    if reading.family != backend.path_family:
+        route(backend, reading.family)
     if backend.hot is not None and backend.fetching == backend.path:
         _full_answered(backend, snapshot, full_every)
     return snapshot, False

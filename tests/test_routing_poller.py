@@ -7,17 +7,14 @@ import contextlib
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from routing import scrape_state
 from routing.fleet import Fleet
-from routing.metrics import Reading, snapshot_of
-from routing.poller import Poller, Reuse, restamped, retry_delay
-from routing.state import BackendSnapshot, BackendSpec
+from routing.poller import Poller, retry_delay
+from routing.state import BackendSpec
 from tests.paths import FIXTURES, eventually, free_port
 
 VLLM_V1 = (FIXTURES / "vllm-v1.prom").read_bytes()
@@ -255,30 +252,18 @@ RUNNING_24 = (b'vllm:num_requests_running{engine="0",model_name="meta-llama/Llam
               b" 24.0")
 
 
-@pytest.mark.parametrize(("reuse", "parses"), [
-    pytest.param(Reuse(), 1, id="the same bytes again: the last snapshot, restamped"),
-    pytest.param(Reuse(byte_equal=False), 5, id="byte-equal reuse off: parsed every time"),
-])
-async def test_an_idle_backend_is_not_parsed_again_and_stays_fresh(
-    monkeypatch: pytest.MonkeyPatch, reuse: Reuse, parses: int,
-) -> None:
-    parsed: list[float] = []
-
-    def counting_snapshot_of(reading: Reading, **kwargs: Any) -> BackendSnapshot:
-        parsed.append(kwargs["taken_at"])
-        return snapshot_of(reading, **kwargs)
-
-    monkeypatch.setattr(scrape_state, "snapshot_of", counting_snapshot_of)
+async def test_an_idle_backend_stays_fresh() -> None:
+    """The same bytes at every scrape: each scrape's snapshot is stamped with its own time."""
     async with serving({"/metrics": body(VLLM_V1)}) as url:
         f = fleet_of({"idle": url})
-        p = Poller(f, interval=0.01, timeout=0.25, backoff_max=0.05, reuse=reuse)
-        async with p.running():
-            await eventually(lambda: p.scrapes_ok >= 5, "five scrapes")
-            snap = f.snapshot("idle")
-            ok = p.scrapes_ok
-    assert len(parsed) == (parses if parses == 1 else ok)
-    assert snap is not None and snap.taken_at > parsed[0]
-    assert (snap.running, snap.kv_free_blocks) == (24, 15795)
+        async with poller(f).running() as p:
+            await eventually(lambda: p.scrapes_ok >= 1, "a first scrape")
+            first = f.snapshot("idle")
+            await eventually(lambda: p.scrapes_ok >= 3, "two more scrapes")
+            later = f.snapshot("idle")
+    assert first is not None and later is not None and later.taken_at > first.taken_at
+    assert later._replace(taken_at=first.taken_at) == first
+    assert (later.running, later.kv_free_blocks) == (24, 15795)
 
 
 async def test_a_busy_backend_is_read_afresh_at_every_scrape() -> None:
@@ -307,12 +292,3 @@ async def test_an_https_backend_is_scraped_through_aiohttp() -> None:
         async with p.running():
             await eventually(lambda: len(errors) >= 2, "two failed scrapes")
     assert set(errors) == {"ScrapeConnectError"} and f.snapshot("tls") is None
-
-
-def test_a_restamped_snapshot_differs_only_in_its_time() -> None:
-    snap = BackendSnapshot(
-        taken_at=1.0, format="vllm", kv_total_blocks=100, kv_free_blocks=40, kv_usage=0.6,
-        block_size=16, running=3, waiting=1, preemptions=2, prefix_cache_hit_rate=0.5,
-        models=("m",),
-    )
-    assert restamped(snap, 2.5) == snap._replace(taken_at=2.5)
