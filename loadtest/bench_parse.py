@@ -9,9 +9,8 @@
 
 1. Parse cost per payload: `parse_metrics` on each fixture payload (and on prometheus_client's
    answer to the poller's name[] query for the vLLM V1 one), format auto-detected and
-   configured, and `read_metrics` alone (what a scrape costs when the series the format reads
-   are unchanged: the poller then re-uses its last snapshot). Best of several rounds of thread
-   CPU time, in microseconds per payload.
+   configured, and `read_metrics` alone (cutting out the series the format reads, without
+   parsing them). Best of several rounds of thread CPU time, in microseconds per payload.
 2. Poller CPU share: `--backends` aiohttp servers on 127.0.0.1, all in one subprocess, serving
    the vLLM V1 fixture (~50 KB, ~500 lines) at /metrics; this process runs the real `Poller`
    against them at `--interval` (on uvloop, as the gateway does; formats auto-detected) and
@@ -34,11 +33,9 @@
      at every scrape, whatever the query. The poller still asks (name[] 100%) and reads the
      whole payload.
    Three kinds of payload:
-   - same: the same bytes at every scrape (an idle simulator): the poller re-uses its snapshot
-     after a byte comparison.
+   - same: the same bytes at every scrape (an idle simulator).
    - idle: the process CPU counter changes at every scrape, the load series do not (an idle
-     real server): unfiltered, the poller reads and parses the load series again; filtered, the
-     answer holds no process series, so it is "same" again.
+     real server); filtered, the answer holds no process series, so it is "same" again.
    - busy: running, KV usage and a counter change at every scrape: a parse every time, or, for a
      filtered hot answer, its numbers read into the last snapshot's load figures.
    `--group-size` backends are scraped in the same instant (see routing/poller.py). The servers'
@@ -114,7 +111,7 @@ def cpu_us(fn: Callable[[], object], *, calls: int = 200, rounds: int = 15) -> f
 def parse_costs(fixtures: Path) -> None:
     print("parse cost per payload (thread CPU, best of 15 rounds of 200):")
     print(f"  {'payload':<15}{'bytes':>7}{'lines':>6}   {'auto-detected':>13}   {'configured':>10}"
-          f"   {'series unchanged':>16}")
+          f"   {'read, no parse':>16}")
     rows = [(name, (fixtures / name).read_text(), fmt) for name, fmt in PAYLOADS]
     # What a vLLM server that filters answers the poller: the series read, ~2 KB.
     v1 = (fixtures / "vllm-v1.prom").read_text()
