@@ -86,11 +86,7 @@ from functools import partial
 import aiohttp
 
 from routing.fleet import Fleet
-from routing.metrics import (
-    MetricsError,
-    parse_slots,
-    with_slots,
-)
+from routing.metrics import MetricsError, parse_slots, with_slots
 from routing.metrics.query import METRICS_PATH
 from routing.poll_timing import full_every_for, retry_delay
 from routing.scrape_client import ScrapeError, ScrapeTimeout
