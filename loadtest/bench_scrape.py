@@ -2,7 +2,10 @@
 
     .venv/bin/python -m loadtest.bench_scrape [--backends 8,64,256] [--seconds 5] [--repeats 3]
                                               [--workloads busy,idle] [--variants ...]
+                                              [--baseline DIR [--baseline-name TEXT]]
                                               [--no-record]
+
+docs/scraping.md gives the figures and what each piece does.
 
 The backends are metrics endpoints in ONE separate process (aiohttp, one port per backend, on
 127.0.0.1), serving the simulator's vLLM V1 exposition (loadtest/sim/exposition.py) as a vLLM
@@ -32,6 +35,7 @@ import json
 import os
 import random
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -81,6 +85,8 @@ __doc__ += """
 The runs are interleaved (every variant at every size, then again, `--repeats` times, the order
 rotated each round) so that the machine's other load falls on all of them alike; the table gives
 the median of the repeats, and each piece's saving is its variant's median minus the as-is one.
+`--baseline DIR` adds a variant "baseline": the as-is poller of the source tree at DIR (a checkout
+of other code that has this benchmark), run beside the others in the same rounds.
 """
 
 
@@ -319,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in table.rows:
             print("  " + " | ".join(str(x) for x in row))
     if args.record:
-        command = "python -m loadtest.bench_scrape " + " ".join(argv or sys.argv[1:])
+        command = "python -m loadtest.bench_scrape " + shlex.join(
+            sys.argv[1:] if argv is None else argv)
         path = record("bench_scrape", title="What each piece of the scrape stack saves",
                       command=command.strip(), tables=tables)
         print(f"recorded in {path}")
