@@ -292,11 +292,6 @@ class Poller:
 
     def _end(self, backend: ScrapeState, outcome: BackendSnapshot | Exception) -> None:
         """Reports the scrape, then sets the backend's next grid point."""
-        if backend.suspect is None and not backend.hot_failed and isinstance(
-            outcome, BackendSnapshot
-        ):
-            self._scraped(backend, outcome)
-            return
         spec = backend.spec
         try:
             suspect, backend.suspect = backend.suspect, None
@@ -332,19 +327,6 @@ class Poller:
             now = asyncio.get_running_loop().time()
             due = max(backend.first + backend.started_k * self._interval + delay, now)
             backend.next_k = math.ceil((due - backend.first) / self._interval - 1e-9)
-
-    def _scraped(self, backend: ScrapeState, snapshot: BackendSnapshot) -> None:
-        """`_end` for a snapshot when no filtered answer failed in this scrape: the path of
-        nearly every scrape, in fewer steps."""
-        try:
-            self._record_ok(backend, snapshot)
-        finally:
-            backend.busy = False
-            k = backend.started_k + 1  # the next grid point, unless the scrape overran it
-            now = asyncio.get_running_loop().time()
-            if now > backend.first + k * self._interval:
-                k = math.ceil((now - backend.first) / self._interval - 1e-9)
-            backend.next_k = k
 
     def _record_ok(self, backend: ScrapeState, snapshot: BackendSnapshot) -> None:
         spec = backend.spec
