@@ -15,6 +15,9 @@ prometheus_client filters. Two workloads, one path each (a backend's URL is
 - busy: the engine's figures (running, waiting, KV usage, counters, latency histograms) take a
   step at every answer, as a loaded server's do between two scrapes.
 - idle: nothing moves but the process's CPU counter, as on an idle server.
+- unfiltered-idle: idle, from a server that ignores the `name[]` query (as TGI, TensorRT-LLM,
+  llama.cpp and some vLLM deployments do): the whole payload at every scrape, its process CPU
+  counter moving.
 Each answer is one of a cycle of pre-rendered ones (each backend at its own offset), so the
 server process answers as fast at every poller variant.
 
@@ -57,28 +60,31 @@ from routing.state import BackendSpec
 
 INTERVAL = 0.1  # the gateway's default `routing.poll_interval_s`
 CYCLE = 64  # pre-rendered answers per workload and query
-WORKLOADS = ("busy", "idle")
+WORKLOADS = ("busy", "idle", "unfiltered-idle")
 
 
 class Variant(NamedTuple):
     """One poller configuration: `aiohttp` scrapes through an aiohttp session instead of the
     keep-alive client; `full_every` 1 asks for every name at every scrape (no hot tier);
-    `templates` False parses every hot answer whole."""
+    `templates` False parses every hot answer whole; `series_equal` False parses an answer
+    whose series are the last one's."""
 
     what: str
     aiohttp: bool = False
     templates: bool = True
+    series_equal: bool = True
     full_every: int | None = None
 
 
 VARIANTS: Mapping[str, Variant] = {
     "as-is": Variant("the poller as it is"),
     "aiohttp-plain": Variant("aiohttp client, every answer parsed whole, every name every time",
-                             aiohttp=True, templates=False, full_every=1),
+                             aiohttp=True, templates=False, series_equal=False, full_every=1),
     "no-keepalive-client": Variant("aiohttp's client instead of the keep-alive one",
                                    aiohttp=True),
     "no-hot-full": Variant("no hot/full scrapes (every name every time)", full_every=1),
     "no-templates": Variant("no number templates", templates=False),
+    "no-series-equal": Variant("no series-equal reuse", series_equal=False),
 }
 __doc__ += "".join(f"- {name}: {v.what}\n" for name, v in VARIANTS.items())
 __doc__ += """
@@ -124,7 +130,8 @@ class Exposition:
                                 max_model_len=131072)
         rng = random.Random(seed)
         busy = _busy_stats(rng, CYCLE)
-        self._stats = {"busy": busy, "idle": [busy[0]._replace(running=0, waiting=0)] * CYCLE}
+        idle = [busy[0]._replace(running=0, waiting=0)] * CYCLE
+        self._stats = {"busy": busy, "idle": idle, "unfiltered-idle": idle}
         self._answers: dict[tuple[str, tuple[str, ...] | None], list[bytes]] = {}
 
     def answers(self, workload: str, names: tuple[str, ...] | None) -> list[bytes]:
@@ -155,6 +162,8 @@ async def serve(count: int) -> None:
     async def metrics(request: web.Request) -> web.Response:
         workload = request.match_info["workload"]
         names = parse_qs(request.query_string).get("name[]")
+        if workload.startswith("unfiltered"):
+            names = None
         answers = exposition.answers(workload, tuple(names) if names else None)
         sockname = request.transport.get_extra_info("sockname") if request.transport else None
         port = sockname[1] if sockname else 0
@@ -204,7 +213,7 @@ async def poll(variant: Variant, urls: list[str], warmup: float, seconds: float)
                 connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar(),
                 skip_auto_headers=("Accept-Encoding",)))
         poller = Poller(fleet, session=session, interval=INTERVAL, full_every=variant.full_every,
-                        templates=variant.templates)
+                        templates=variant.templates, series_equal=variant.series_equal)
         await stack.enter_async_context(poller.running())
         await asyncio.sleep(warmup)
         ok0, failed0 = poller.scrapes_ok, poller.scrapes_failed
@@ -302,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-name", default="the baseline tree",
                         help="what the baseline is, for the table's notes")
     parser.add_argument("--no-record", dest="record", action="store_false")
+    parser.add_argument("--record-name", default="bench_scrape",
+                        help="the record's name: loadtest/results/<name>.json")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--poll", choices=tuple(VARIANTS), help=argparse.SUPPRESS)
     parser.add_argument("--urls", type=lambda s: s.split(","), help=argparse.SUPPRESS)
@@ -327,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         command = "python -m loadtest.bench_scrape " + shlex.join(
             sys.argv[1:] if argv is None else argv)
-        path = record("bench_scrape", title="What each piece of the scrape stack saves",
+        path = record(args.record_name, title="What each piece of the scrape stack saves",
                       command=command.strip(), tables=tables)
         print(f"recorded in {path}")
     return 0

@@ -70,6 +70,10 @@ piece saves, measured, is in docs/scraping.md (loadtest/bench_scrape.py).
   until it has been marked unhealthy.
 - Hot answers that differ from the last one parsed whole only in their numbers are read from
   them, through a template of that answer (routing/hot_template.py).
+- Re-use: an answer whose series that the format reads equal the last answer's (routing/metrics:
+  a `Reading`) is not parsed again: the last snapshot is reused with the new `taken_at` (same
+  input, same values). A server that ignores the `name[]` query sends its whole payload, whose
+  process series move at every scrape while an idle server's load series do not.
 """
 
 from __future__ import annotations
@@ -121,6 +125,7 @@ class Poller:
         clock: Callable[[], float] = time.monotonic,
         on_error: Callable[[str, str], None] | None = None,
         templates: bool = True,
+        series_equal: bool = True,
     ) -> None:
         """`session`: an aiohttp session to scrape every backend through (not closed here);
         None = the poller's own keep-alive connections, plus an aiohttp session of its own for
@@ -131,7 +136,8 @@ class Poller:
         `full_every`-th grid point, for the moving ones only in between (module docstring);
         None = about once a second, 1 = every name at every scrape. `templates`: hot answers
         are read from their numbers where they can be (False: parsed whole; the answers are the
-        same, loadtest/bench_scrape.py measures the difference)."""
+        same, loadtest/bench_scrape.py measures the difference). `series_equal`: an answer
+        whose series equal the last one's reuses its snapshot (False: parsed anyway)."""
         if interval <= 0 or timeout <= 0 or group_size < 1:
             raise ValueError("need a positive poll interval, scrape timeout and group size")
         if full_every is None:
@@ -148,6 +154,7 @@ class Poller:
         self._clock = clock
         self._on_error = on_error
         self._templates = templates
+        self._series_equal = series_equal
         self.scrapes_ok = 0
         self.scrapes_failed = 0
         self.scrapes_filtered = 0  # of scrapes_ok, answered through a `name[]` path
@@ -233,7 +240,8 @@ class Poller:
                 raise result
             try:
                 snapshot, templated = answer_snapshot(
-                    backend, result, self._full_every, templates=self._templates)
+                    backend, result, self._full_every, templates=self._templates,
+                    series_equal=self._series_equal)
                 self.scrapes_templated += templated
             except MetricsError as exc:
                 if self._unfilter(backend, exc):

@@ -67,9 +67,10 @@ class ScrapeState:
     hot_failed: bool = False
     # The last hot answer parsed whole, as a template for the next ones (`HotTemplate`).
     hot_template: HotTemplate | None = None
-    # The series read from the last answer (None: read from its numbers): on a tiered path, the
-    # full answer's slow groups come from it.
+    # The series read from the last answer (None: read from its numbers), and its snapshot: on
+    # a tiered path, the full answer's slow groups come from the reading.
     last_reading: Reading | None = None
+    last_snapshot: BackendSnapshot | None = None
 
 
 def route(backend: ScrapeState, family: str) -> None:
@@ -99,14 +100,16 @@ def completed_hot(backend: ScrapeState, reading: Reading) -> Reading:
 
 
 def answer_snapshot(
-    backend: ScrapeState, body: bytes, full_every: int, *, templates: bool = True
+    backend: ScrapeState, body: bytes, full_every: int, *, templates: bool = True,
+    series_equal: bool = True,
 ) -> tuple[BackendSnapshot, bool]:
     """The snapshot of the answer `body` to the request the backend's scrape sent
     (`backend.fetching`), and whether it was read from its numbers (a `HotTemplate`, when
-    `templates`). A hot answer's series are completed with the last full answer's slow ones; a
-    full filtered answer's are kept for the hot answers until the next one, which is asked for
-    `full_every` grid points after this scrape's. Raises MetricsError for an answer that is not
-    the backend's format."""
+    `templates`). When `series_equal`, an answer whose series (its `Reading`) equal the last
+    answer's gives the last snapshot, restamped. A hot answer's series are completed with the
+    last full answer's slow ones; a full filtered answer's are kept for the hot answers until
+    the next one, which is asked for `full_every` grid points after this scrape's. Raises
+    MetricsError for an answer that is not the backend's format."""
     hot = backend.fetching == backend.hot
     template = backend.hot_template if hot else None
     if template is not None and template.slow is not backend.slow:
@@ -116,19 +119,24 @@ def answer_snapshot(
         if from_numbers is not None:
             # No reading: the next full answer, or hot answer unlike this one, is read and parsed
             # whole.
-            backend.last_reading = None
+            backend.last_reading, backend.last_snapshot = None, from_numbers
             return from_numbers, True
     spec = backend.spec
     reading = read_metrics(body, format=spec.metrics_format)
     if hot:
         reading = completed_hot(backend, reading)
-    snapshot = snapshot_of(
-        reading, taken_at=backend.taken_at, max_batch_total_tokens=spec.max_batch_total_tokens)
-    if hot and templates and (template is None or template.values is not None):
-        assert backend.slow is not None  # a hot answer is completed with it
-        backend.hot_template = HotTemplate.of(
-            body, reading, snapshot, backend.slow, backend.hot_names)
-    backend.last_reading = reading
+    last = backend.last_snapshot
+    if series_equal and last is not None and reading == backend.last_reading:
+        snapshot = last._replace(taken_at=backend.taken_at)
+    else:
+        snapshot = snapshot_of(
+            reading, taken_at=backend.taken_at,
+            max_batch_total_tokens=spec.max_batch_total_tokens)
+        if hot and templates and (template is None or template.values is not None):
+            assert backend.slow is not None  # a hot answer is completed with it
+            backend.hot_template = HotTemplate.of(
+                body, reading, snapshot, backend.slow, backend.hot_names)
+    backend.last_reading, backend.last_snapshot = reading, snapshot
     if reading.family != backend.path_family:
         route(backend, reading.family)
     if backend.hot is not None and backend.fetching == backend.path:

@@ -7,14 +7,17 @@ import contextlib
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from routing import scrape_state
 from routing.fleet import Fleet
+from routing.metrics import Reading, snapshot_of
 from routing.poller import Poller, retry_delay
-from routing.state import BackendSpec
+from routing.state import BackendSnapshot, BackendSpec
 from tests.paths import FIXTURES, eventually, free_port
 
 VLLM_V1 = (FIXTURES / "vllm-v1.prom").read_bytes()
@@ -252,18 +255,32 @@ RUNNING_24 = (b'vllm:num_requests_running{engine="0",model_name="meta-llama/Llam
               b" 24.0")
 
 
-async def test_an_idle_backend_stays_fresh() -> None:
-    """The same bytes at every scrape: each scrape's snapshot is stamped with its own time."""
-    async with serving({"/metrics": body(VLLM_V1)}) as url:
+@pytest.mark.parametrize(("series_equal", "parsed_once"), [
+    pytest.param(True, True, id="load series unchanged: the last snapshot, restamped"),
+    pytest.param(False, False, id="series-equal reuse off: parsed at every scrape"),
+])
+async def test_an_idle_backend_is_not_parsed_again_and_stays_fresh(
+    monkeypatch: pytest.MonkeyPatch, series_equal: bool, parsed_once: bool,
+) -> None:
+    """A whole payload whose process CPU moves at every scrape while its load series do not."""
+    parsed: list[float] = []
+
+    def counting_snapshot_of(reading: Reading, **kwargs: Any) -> BackendSnapshot:
+        parsed.append(kwargs["taken_at"])
+        return snapshot_of(reading, **kwargs)
+
+    monkeypatch.setattr(scrape_state, "snapshot_of", counting_snapshot_of)
+    cpu = b"process_cpu_seconds_total 812.33"
+    idle = changing(lambda n: VLLM_V1.replace(cpu, f"process_cpu_seconds_total {812 + n}".encode()))
+    async with serving({"/metrics": idle}) as url:
         f = fleet_of({"idle": url})
-        async with poller(f).running() as p:
-            await eventually(lambda: p.scrapes_ok >= 1, "a first scrape")
-            first = f.snapshot("idle")
-            await eventually(lambda: p.scrapes_ok >= 3, "two more scrapes")
-            later = f.snapshot("idle")
-    assert first is not None and later is not None and later.taken_at > first.taken_at
-    assert later._replace(taken_at=first.taken_at) == first
-    assert (later.running, later.kv_free_blocks) == (24, 15795)
+        p = Poller(f, interval=0.01, timeout=0.25, backoff_max=0.05, series_equal=series_equal)
+        async with p.running():
+            await eventually(lambda: p.scrapes_ok >= 5, "five scrapes")
+            snap, ok = f.snapshot("idle"), p.scrapes_ok
+    assert len(parsed) == (1 if parsed_once else ok)
+    assert snap is not None and snap.taken_at > parsed[0]
+    assert (snap.running, snap.kv_free_blocks) == (24, 15795)
 
 
 async def test_a_busy_backend_is_read_afresh_at_every_scrape() -> None:
