@@ -8,7 +8,7 @@ Contract
   `ScrapeState`: one per backend, created in `Poller.run`, updated in place at every scrape,
   never shared. The rest of routing reads the frozen `BackendSnapshot` the poller reports into
   the Fleet, never this state.
-- The rules these fields and steps carry out (Filtering, Tiers) are stated in the module
+- The rules these fields and steps carry out (Filtering, Tiers, Re-use) are stated in the module
   docstring of routing/poller.py; the hot-answer template's, in routing/hot_template.py.
 - These steps work on the state and their arguments alone: no I/O, no clock, no logging.
   `answer_snapshot` (through `completed_hot`) raises `MetricsError` for a hot answer it cannot
