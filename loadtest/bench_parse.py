@@ -9,14 +9,14 @@
 
 1. Parse cost per payload: `parse_metrics` on each fixture payload (and on prometheus_client's
    answer to the poller's name[] query for the vLLM V1 one), format auto-detected and
-   configured, and `read_metrics` alone (what a scrape costs when the series the format reads
-   are unchanged: the poller then re-uses its last snapshot). Best of several rounds of thread
-   CPU time, in microseconds per payload.
+   configured, and `read_metrics` alone (cutting out the series the format reads, without
+   parsing them). Best of several rounds of thread CPU time, in microseconds per payload.
 2. Poller CPU share: `--backends` aiohttp servers on 127.0.0.1, all in one subprocess, serving
    the vLLM V1 fixture (~50 KB, ~500 lines) at /metrics; this process runs the real `Poller`
    against them at `--interval` (on uvloop, as the gateway does; formats auto-detected) and
    measures its own CPU time (user + system, from getrusage) over `--seconds`, after a warm-up.
-   The share is CPU seconds per wall second: 100% is one core; the target (issue 4) is under 5%.
+   The share is CPU seconds per wall second: 100% is one core; the target is under 5%.
+   (loadtest/bench_scrape.py measures each piece of the scrape stack, side by side.)
    Two kinds of server (`--servers`):
    - filtered: what vLLM serves. prometheus_client's own exposition over a registry holding
      the fixture's families, one collector per family as vLLM registers them
@@ -33,19 +33,15 @@
      at every scrape, whatever the query. The poller still asks (name[] 100%) and reads the
      whole payload.
    Three kinds of payload:
-   - same: the same bytes at every scrape (an idle simulator): the poller re-uses its snapshot
-     after a byte comparison.
+   - same: the same bytes at every scrape (an idle simulator).
    - idle: the process CPU counter changes at every scrape, the load series do not (an idle
-     real server): unfiltered, the poller cuts the load series out, finds them equal and re-uses
-     its snapshot; filtered, the answer holds no process series, so it is "same" again.
-   - busy: running, KV usage and a counter change at every scrape: a parse every time (of the
-     series that changed: the others' samples are kept, routing/metrics/prom.py `GroupCache`),
-     or, for a filtered hot answer, its numbers read into the last snapshot's load figures.
+     real server); filtered, the answer holds no process series, so it is "same" again.
+   - busy: running, KV usage and a counter change at every scrape: a parse every time, or, for a
+     filtered hot answer, its numbers read into the last snapshot's load figures.
    `--group-size` backends are scraped in the same instant (see routing/poller.py). The servers'
    CPU is not counted, but the filter saves theirs too: the last line of part 1 is what
    prometheus_client takes to render the whole vLLM V1 payload and the name[] answer.
-3. For reference, the same GETs through a bare aiohttp loop (the poller's client before the
-   keep-alive client), no parsing, no poller.
+3. For reference, the same GETs through a bare aiohttp loop, no parsing, no poller.
 Other processes on the machine disturb the figures (caches, scheduling): the load averages are
 printed before and after; run it a few times and quote the range.
 """
@@ -115,7 +111,7 @@ def cpu_us(fn: Callable[[], object], *, calls: int = 200, rounds: int = 15) -> f
 def parse_costs(fixtures: Path) -> None:
     print("parse cost per payload (thread CPU, best of 15 rounds of 200):")
     print(f"  {'payload':<15}{'bytes':>7}{'lines':>6}   {'auto-detected':>13}   {'configured':>10}"
-          f"   {'series unchanged':>16}")
+          f"   {'read, no parse':>16}")
     rows = [(name, (fixtures / name).read_text(), fmt) for name, fmt in PAYLOADS]
     # What a vLLM server that filters answers the poller: the series read, ~2 KB.
     v1 = (fixtures / "vllm-v1.prom").read_text()
@@ -231,9 +227,8 @@ class Exposition:
     the names) over `fixture_registry`, memoised per set of names: the first `cycle` answers
     are rendered, each a step further, then served in turn. Rendering at every request would
     make these servers slower than the unfiltered ones, and a slower server spreads its
-    answers over more of the poller's wake-ups (measured: +2.4 points of a core for the same
-    payloads), which would blur the comparison. The render cost itself is reported with the
-    parse costs."""
+    answers over more of the poller's wake-ups, which would blur the comparison. The render
+    cost itself is reported with the parse costs."""
 
     def __init__(self, template: str, kind: str, cycle: int = 16) -> None:
         self._registry = fixture_registry(template, kind)

@@ -8,9 +8,9 @@ another transfer coding is named or no Content-Length is given; else Content-Len
 A body over `max_body` bytes is an error as soon as that is known (at the header when the length
 is declared, while it arrives otherwise), so a broken server cannot fill the reader's memory.
 
-Cost matters (the poller reads ~320 answers a second): a Content-Length body is kept as the
-chunks the connection delivered and joined once at the end, and when one chunk holds the whole
-answer, the body is a single slice of it.
+Cost matters (the poller reads one answer per backend per poll interval): a Content-Length body
+is kept as the chunks the connection delivered and joined once at the end, and when one chunk
+holds the whole answer, the body is a single slice of it.
 """
 
 from __future__ import annotations

@@ -2,48 +2,29 @@
 interval and reports into the Fleet.
 
 Where the pieces are: this module schedules the scrapes and handles their answers (`Poller`);
-routing/scrape_state.py holds each backend's polling state (`_Backend`) and the path its next
+routing/scrape_state.py holds each backend's polling state (`ScrapeState`) and the path its next
 scrape asks for; routing/hot_template.py reads hot answers from their numbers;
-routing/poll_timing.py holds the pure time arithmetic (`full_every_for`, `retry_delay`,
-`restamped`), re-exported here.
+routing/poll_timing.py holds the pure time arithmetic (`full_every_for`, `retry_delay`),
+re-exported here; routing/scrape_client.py is the keep-alive HTTP client. What each
+piece saves, measured, is in docs/scraping.md (loadtest/bench_scrape.py).
 
 - Schedule: backends are scraped in groups of `group_size`, each group at its own phase of the
   interval, every member on the same grid `phase + k * interval`. One timer per group wakes the
   event loop and starts its members' scrapes; each scrape then runs on its own (a callback when
   its answer, failure or timeout comes), so a slow or hanging backend never delays another's
-  scrapes. Scraping together is cheaper (one wake-up per group, not per backend), while phases
-  keep each burst of work in the gateway's loop short. The trade-off, measured with 32 busy vLLM
-  backends at 100 ms (bench_parse, filtered, 2-core VM): groups of 8 cost ~7.7-8.2% of a core,
-  of 16 ~6.6-6.7%, one group of 32 ~5.8-6.3%; but a group's answers come back together and are
-  parsed in one burst that delays the loop's other work (proxied streams, dispatch): the loop's
-  lag then reaches p99 1 / max 3-4 ms in groups of 8, 2-3 / 5 ms in 16, 3 / 6-8 ms in 32, once
-  per interval. The default, 32 (gateway config `routing.poll_group_size`), takes the CPU: a
-  few ms every 100 ms is small beside an LLM's time per token. A member still busy at its
-  group's tick, or backed off, skips grid points rather than shifting its schedule.
-- Cost: the target is under 5% of one core for 32 backends at 100 ms (loadtest/bench_parse.py
-  measures it). Hence callbacks rather than a task per backend (a task's wake-ups alone cost ~1%
-  of a core at that rate), the lean keep-alive client of routing/scrape_client.py rather than
-  aiohttp (~11%), the re-use below, filtering and its tiers (busy: ~2-6% less than every name
-  at every scrape; the backend's rendering of the answer ~60% less), and hot answers read from
-  their numbers (busy: ~4.4% of a core against ~5.1%).
-- Re-use: a payload byte for byte equal to the backend's previous one is not read again, and one
-  whose series that the format reads are equal to the previous ones (routing/metrics: a
-  `Reading`) is not parsed again: the previous snapshot is reused with the new `taken_at` (same
-  input and configuration, same values). A real server's payload changes at every scrape (its
-  process CPU, GC counters), but an idle backend's load series do not, so an idle fleet costs
-  a cut-out of its series per scrape, not a parse. A busy backend's payload is parsed, but only
-  the series that changed (a `GroupCache` per backend keeps the others' samples); a hot answer
-  that differs from the last one parsed whole only in its numbers is not parsed at all (see
-  Tiers, and routing/hot_template.py). A scrape that
-  yields a snapshot with nothing else to handle (no filter to drop) ends in `_scraped`, the
-  bookkeeping of `_end` in fewer steps.
+  scrapes. Scraping together costs less (one wake-up per group, not per backend), while phases
+  keep each burst of work in the gateway's loop short: a group's answers come back together and
+  are parsed in one burst that delays the loop's other work. A member still busy at its group's
+  tick, or backed off, skips grid points rather than shifting its schedule.
+- Cost: polling runs all the time in the gateway's own loop, hence callbacks rather than a task
+  per backend, and the keep-alive client rather than aiohttp for plain-http backends.
 - Each scrape has its own deadline (`timeout`) covering connect, response and body. Its snapshot
   is taken at the moment the request is sent: a dispatch after that instant may be missing from
   it, and the Fleet counts such dispatches against it.
 - HTTP: one keep-alive connection per plain-http backend. https backends, or every backend when
   the caller passes an aiohttp `session`, go through aiohttp (`SessionClient`). Requests ask for
-  `Accept-Encoding: identity`: a gzipped payload would cost the backend (vLLM's Python API server
-  compresses at level 9) and the gateway CPU on every scrape, to save loopback-cheap bytes.
+  `Accept-Encoding: identity`: a gzipped payload would cost the backend and the gateway CPU on
+  every scrape, to save loopback-cheap bytes.
 - A scrape that fails (connection refused or reset, timeout, a status other than 200, a body too
   large, a payload that is not the backend's format) is a failure reported to the Fleet; it never
   stops the polling, and the backend's last snapshot just ages. Any other exception is logged and
@@ -55,8 +36,8 @@ routing/poll_timing.py holds the pure time arithmetic (`full_every_for`, `retry_
 - llama.cpp's KV figures come from `GET /slots`, fetched after its /metrics within the same
   deadline; a server with slots disabled (404/501) still yields a snapshot, without KV figures.
 - Filtering: vLLM and SGLang render /metrics with prometheus_client, which answers
-  `/metrics?name[]=...` with only the samples named (routing/metrics/query.py): ~3 KB instead of
-  ~50 KB for vLLM, less work for us and much less for the backend. A backend of one of those
+  `/metrics?name[]=...` with only the samples named (routing/metrics/query.py): a small part of
+  the whole payload, less work for us and much less for the backend. A backend of one of those
   formats, as configured or, when auto-detected, once a plain /metrics answer has told its
   format (kept from scrape to scrape), is scraped through the filtered path. A server that
   ignores the query answers the whole payload, read the same way. A filtered scrape answered
@@ -74,24 +55,25 @@ routing/poll_timing.py holds the pure time arithmetic (`full_every_for`, `retry_
   usage) fresh at every scrape. The cumulative counters (preemptions, prefix-cache queries and
   hits) move too, but are only read as totals; the cache config (the KV capacity), the LoRA
   adapters and the success counter (read only to tell the simulator) seldom change
-  (routing/metrics/vllm.py `HOT_NAMES`, routing/metrics/query.py). So a backend on a filtered
-  path that has a hot tier asks for every name at one grid point in `full_every` (default:
-  about once a second, 10 at 100 ms; the gateway's `routing.full_scrape_interval_s`), and for
-  the gauges only (its hot path) at the others. A
-  hot answer's series are completed with the last full answer's others; the snapshot is still
-  built, and replaced, whole at every scrape. A scrape asks for every name when no full answer
-  is held: the first filtered scrape, and the one after any failure, fallback or change of
-  path or format. Staleness bound: the counters, the cache config (hence KV capacity and block
-  size) and the LoRA adapters in a snapshot were read less than `full_every` intervals (+ one
-  scrape's time) before its `taken_at`; a restarted
-  server with another config fails a scrape or answers a full one within that time. A hot
-  answer that is not the format, lacks a moving series the last full answer had, or is not a
-  200 is not a failure by itself: the same scrape asks for every name, within its deadline,
-  and that answer follows the rules above (plain /metrics next, if it fails as a filtered one).
-  When that full answer succeeds, the hot query was at fault: the backend asks for every name
-  at every scrape until it has been marked unhealthy.
-- Hot answers read from their numbers, through a template of the last hot answer parsed
-  whole: routing/hot_template.py (`_HotTemplate`).
+  (routing/metrics/vllm.py `HOT_NAMES`). So a backend on a filtered path that has a hot tier
+  asks for every name at one grid point in `full_every` (default: about once a second; the
+  gateway's `routing.full_scrape_interval_s`), and for the gauges only (its hot path) at the
+  others. A hot answer's series are completed with the last full answer's others; the snapshot
+  is still built whole at every scrape. A scrape asks for every name when no full answer is
+  held: the first filtered scrape, and the one after any failure, fallback or change of path or
+  format. Staleness bound: the counters, the cache config (hence KV capacity and block size) and
+  the LoRA adapters in a snapshot were read less than `full_every` intervals (+ one scrape's
+  time) before its `taken_at`. A hot answer that is not the format, lacks a moving series the
+  last full answer had, or is not a 200 is not a failure by itself: the same scrape asks for
+  every name, within its deadline, and that answer follows the rules above. When that full
+  answer succeeds, the hot query was at fault: the backend asks for every name at every scrape
+  until it has been marked unhealthy.
+- Hot answers that differ from the last one parsed whole only in their numbers are read from
+  them, through a template of that answer (routing/hot_template.py).
+- Re-use: an answer whose series that the format reads equal the last answer's (routing/metrics:
+  a `Reading`) is not parsed again: the last snapshot is reused with the new `taken_at` (same
+  input, same values). A server that ignores the `name[]` query sends its whole payload, whose
+  process series move at every scrape while an idle server's load series do not.
 """
 
 from __future__ import annotations
@@ -108,22 +90,22 @@ from functools import partial
 import aiohttp
 
 from routing.fleet import Fleet
-from routing.hot_template import _HotTemplate
-from routing.metrics import MetricsError, parse_slots, read_metrics, snapshot_of, with_slots
-from routing.metrics.query import METRICS_PATH, slow_groups
-from routing.poll_timing import full_every_for, restamped, retry_delay
-from routing.scrape_client import ScrapeError, ScrapeTimeout, SessionClient, client_for
-from routing.scrape_state import _Backend, _completed, _route
+from routing.metrics import MetricsError, parse_slots, with_slots
+from routing.metrics.query import METRICS_PATH
+from routing.poll_timing import full_every_for, retry_delay
+from routing.scrape_client import ScrapeError, ScrapeTimeout
+from routing.scrape_session import SessionClient, client_for
+from routing.scrape_state import ScrapeState, answer_snapshot, route
 from routing.state import BackendSnapshot
 
-__all__ = ["Poller", "full_every_for", "restamped", "retry_delay"]
+__all__ = ["Poller", "full_every_for", "retry_delay"]
 
 log = logging.getLogger("kvgate.poller")
 
 
 @dataclasses.dataclass(slots=True, eq=False)
 class _Group:
-    members: list[_Backend]
+    members: list[ScrapeState]
     first: float  # loop time of grid point 0
     k: int = 0  # the grid point of the next tick
     timer: asyncio.TimerHandle | None = None
@@ -142,6 +124,8 @@ class Poller:
         full_every: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_error: Callable[[str, str], None] | None = None,
+        templates: bool = True,
+        series_equal: bool = True,
     ) -> None:
         """`session`: an aiohttp session to scrape every backend through (not closed here);
         None = the poller's own keep-alive connections, plus an aiohttp session of its own for
@@ -150,7 +134,10 @@ class Poller:
         exception's class name: a small, bounded set, fit for a metric label); it must not
         raise. `full_every`: a backend on a tiered filtered path asks for every name at every
         `full_every`-th grid point, for the moving ones only in between (module docstring);
-        None = about once a second, 1 = every name at every scrape."""
+        None = about once a second, 1 = every name at every scrape. `templates`: hot answers
+        are read from their numbers where they can be (False: parsed whole; the answers are the
+        same, loadtest/bench_scrape.py measures the difference). `series_equal`: an answer
+        whose series equal the last one's reuses its snapshot (False: parsed anyway)."""
         if interval <= 0 or timeout <= 0 or group_size < 1:
             raise ValueError("need a positive poll interval, scrape timeout and group size")
         if full_every is None:
@@ -166,18 +153,20 @@ class Poller:
         self._full_every = full_every
         self._clock = clock
         self._on_error = on_error
+        self._templates = templates
+        self._series_equal = series_equal
         self.scrapes_ok = 0
         self.scrapes_failed = 0
         self.scrapes_filtered = 0  # of scrapes_ok, answered through a `name[]` path
         self.scrapes_hot = 0  # of scrapes_filtered, answered through a hot path
-        self.scrapes_templated = 0  # of scrapes_hot, read from their numbers (`_HotTemplate`)
+        self.scrapes_templated = 0  # of scrapes_hot, read from their numbers (`HotTemplate`)
 
     async def run(self) -> None:
         """Polls every backend until cancelled."""
         loop = asyncio.get_running_loop()
         async with contextlib.AsyncExitStack() as stack:
             own_session: aiohttp.ClientSession | None = None
-            backends: list[_Backend] = []
+            backends: list[ScrapeState] = []
             for spec in self._fleet.specs:
                 client = client_for(spec.url, self._session)
                 if client is None:  # https and the like: aiohttp, on a session of our own
@@ -185,9 +174,9 @@ class Poller:
                         own_session = await stack.enter_async_context(_session())
                     client = SessionClient(own_session, spec.url)
                 stack.push_async_callback(client.close)  # abandons a scrape in flight
-                backend = _Backend(spec, client, tiered=self._full_every > 1)
+                backend = ScrapeState(spec, client, tiered=self._full_every > 1)
                 if spec.metrics_format is not None:
-                    _route(backend, spec.metrics_format)
+                    route(backend, spec.metrics_format)
                 backend.on_metrics = partial(self._on_metrics, backend)
                 backend.on_slots = partial(self._on_slots, backend)
                 backends.append(backend)
@@ -228,7 +217,7 @@ class Poller:
         group.k = max(k + 1, behind + 1)
         group.timer = loop.call_at(group.first + group.k * self._interval, self._tick, group)
 
-    def _start(self, backend: _Backend, k: int, deadline: float) -> None:
+    def _start(self, backend: ScrapeState, k: int, deadline: float) -> None:
         backend.busy = True
         backend.started_k = k
         backend.was_healthy = self._fleet.is_healthy(backend.spec.id)
@@ -243,14 +232,17 @@ class Poller:
         except Exception as exc:  # a bug, not the backend: logged, and the group goes on
             self._end(backend, exc)
 
-    def _on_metrics(self, backend: _Backend, result: bytes | ScrapeError) -> None:
+    def _on_metrics(self, backend: ScrapeState, result: bytes | ScrapeError) -> None:
         try:
             if isinstance(result, ScrapeError):
                 if result.status is not None and self._unfilter(backend, result):
                     return
                 raise result
             try:
-                snapshot = self._snapshot(backend, result)
+                snapshot, templated = answer_snapshot(
+                    backend, result, self._full_every, templates=self._templates,
+                    series_equal=self._series_equal)
+                self.scrapes_templated += templated
             except MetricsError as exc:
                 if self._unfilter(backend, exc):
                     return
@@ -267,7 +259,7 @@ class Poller:
         else:
             self._end(backend, snapshot)
 
-    def _unfilter(self, backend: _Backend, why: Exception) -> bool:
+    def _unfilter(self, backend: ScrapeState, why: Exception) -> bool:
         """After a filtered answer that failed (module docstring): asks, within the scrape's
         deadline, for every name after a hot answer, else plain /metrics, and returns True;
         False when the answer was plain already."""
@@ -291,7 +283,7 @@ class Poller:
         backend.client.fetch(path, remaining, backend.on_metrics)
         return True
 
-    def _on_slots(self, backend: _Backend, result: bytes | ScrapeError) -> None:
+    def _on_slots(self, backend: ScrapeState, result: bytes | ScrapeError) -> None:
         snapshot, backend.metrics = backend.metrics, None
         assert snapshot is not None
         try:
@@ -306,90 +298,8 @@ class Poller:
         else:
             self._end(backend, snapshot)
 
-    def _snapshot(self, backend: _Backend, body: bytes) -> BackendSnapshot:
-        """The payload's snapshot: the last one restamped when the bytes are the same, or when
-        the series the format reads are (see the module docstring). A hot answer's series are
-        completed with the last full answer's slow ones; a full filtered answer's are kept for
-        the hot answers until the next one. A hot answer that differs from the last one parsed
-        whole only in its numbers is read from them (`_HotTemplate`)."""
-        last = backend.last_snapshot
-        hot = backend.fetching == backend.hot
-        template = backend.hot_template if hot else None
-        if template is not None and template.slow is not backend.slow:
-            template = backend.hot_template = None
-        if template is not None and body != backend.last_body:
-            snapshot = template.snapshot_of(body, backend.taken_at)
-            if snapshot is not None:
-                self.scrapes_templated += 1
-                # No reading: the next full answer, or hot answer unlike this one, is read
-                # and parsed whole.
-                backend.last_body, backend.last_reading = body, None
-                backend.last_snapshot = snapshot
-                return snapshot
-        parsed = False  # whether `backend.groups` holds this answer's samples
-        if last is not None and body == backend.last_body and (
-            hot or backend.last_reading is not None
-        ):
-            snapshot = restamped(last, backend.taken_at)
-        else:
-            spec = backend.spec
-            memo = backend.hot_memo if hot else backend.full_memo
-            if memo is not None and body == memo[0]:
-                reading = memo[1]
-            else:
-                reading = read_metrics(body, format=spec.metrics_format)
-                if hot:
-                    reading = _completed(backend, reading)
-                    backend.hot_memo = body, reading
-                else:
-                    backend.full_memo = body, reading
-            if last is not None and reading == backend.last_reading:
-                snapshot = restamped(last, backend.taken_at)
-            else:
-                snapshot = snapshot_of(
-                    reading,
-                    taken_at=backend.taken_at,
-                    max_batch_total_tokens=spec.max_batch_total_tokens,
-                    cache=backend.groups,
-                )
-                parsed = True
-                if hot and (template is None or template.values is not None):
-                    assert backend.slow is not None  # a hot answer is completed with it
-                    backend.hot_template = _HotTemplate.of(
-                        body, reading, snapshot, backend.groups.samples, backend.slow,
-                        backend.hot_names)
-            backend.last_body, backend.last_reading = body, reading
-            backend.last_snapshot = snapshot
-            if reading.family != backend.path_family:
-                _route(backend, reading.family)
-        if backend.hot is not None and backend.fetching == backend.path:
-            # A full answer on a tiered path: the slow groups until the next one.
-            family, full = backend.path_family, backend.last_reading
-            assert family is not None and full is not None  # a tiered path has both
-            slow = slow_groups(family, full.groups)
-            hot_names = tuple(name for name in full.groups if name not in slow)
-            if slow != backend.slow or hot_names != backend.hot_names:
-                # Read with other slow groups, or checked for other names: the memo is dropped,
-                # and the template (tied to the `slow` object) too, unless it can take this
-                # answer's slow groups.
-                backend.hot_memo = None
-                template = backend.hot_template
-                if template is not None and hot_names == backend.hot_names and parsed:
-                    template = template.rebased(slow, full, snapshot, backend.groups.samples)
-                else:
-                    template = None
-                backend.hot_template = template
-                backend.slow, backend.hot_names = slow, hot_names
-            backend.full_k = backend.started_k + self._full_every
-        return snapshot
-
-    def _end(self, backend: _Backend, outcome: BackendSnapshot | Exception) -> None:
+    def _end(self, backend: ScrapeState, outcome: BackendSnapshot | Exception) -> None:
         """Reports the scrape, then sets the backend's next grid point."""
-        if backend.suspect is None and not backend.hot_failed and isinstance(
-            outcome, BackendSnapshot
-        ):
-            self._scraped(backend, outcome)
-            return
         spec = backend.spec
         try:
             suspect, backend.suspect = backend.suspect, None
@@ -426,20 +336,7 @@ class Poller:
             due = max(backend.first + backend.started_k * self._interval + delay, now)
             backend.next_k = math.ceil((due - backend.first) / self._interval - 1e-9)
 
-    def _scraped(self, backend: _Backend, snapshot: BackendSnapshot) -> None:
-        """`_end` for a snapshot when no filtered answer failed in this scrape: the path of
-        nearly every scrape, in fewer steps."""
-        try:
-            self._record_ok(backend, snapshot)
-        finally:
-            backend.busy = False
-            k = backend.started_k + 1  # the next grid point, unless the scrape overran it
-            now = asyncio.get_running_loop().time()
-            if now > backend.first + k * self._interval:
-                k = math.ceil((now - backend.first) / self._interval - 1e-9)
-            backend.next_k = k
-
-    def _record_ok(self, backend: _Backend, snapshot: BackendSnapshot) -> None:
+    def _record_ok(self, backend: ScrapeState, snapshot: BackendSnapshot) -> None:
         spec = backend.spec
         self._fleet.record_scrape(spec.id, snapshot)  # which resets the failures in a row
         self.scrapes_ok += 1
@@ -450,7 +347,7 @@ class Poller:
         if not backend.was_healthy:
             log.info("backend %s (%s) answers its metrics: healthy", spec.id, spec.url)
 
-    def _failed(self, backend: _Backend, exc: Exception) -> None:
+    def _failed(self, backend: ScrapeState, exc: Exception) -> None:
         spec = backend.spec
         self._fleet.record_failure(spec.id, self._clock())
         self.scrapes_failed += 1
@@ -466,7 +363,7 @@ class Poller:
             family = spec.metrics_format or (
                 backend.last_reading.family if backend.last_reading is not None else None)
             if family is not None:
-                _route(backend, family)
+                route(backend, family)
         else:
             log.debug("backend %s: scrape failed: %s", spec.id, why)
 

@@ -1,14 +1,15 @@
 """A lean HTTP/1.1 GET client for scraping backends, one keep-alive connection per backend.
 
-Why not aiohttp: the poller sends ~320 GETs a second (32 backends every 100 ms), and a general
-client's per-request machinery (URL objects, header multidicts, cookie and redirect handling,
-response objects, stream readers, a task per request) cost more CPU than everything else the
-poller does (loadtest/bench_parse.py: aiohttp alone ~11% of a core). Here a scrape is one write of
-a pre-built request, usually one read, and one callback: no task, no future.
+Why not aiohttp: the poller sends one GET per backend per poll interval, and a general client's
+per-request machinery (URL objects, header multidicts, cookie and redirect handling, response
+objects, stream readers, a task per request) costs more CPU than everything else the poller does
+(docs/scraping.md has the measured difference and its command). Here a scrape is one write of a
+pre-built request, usually one read, and one callback: no task, no future.
 
 Contract
 - `http://host[:port][/base]` URLs only; anything else (https, user info in the URL) goes through
-  `SessionClient`, the same interface over an aiohttp session (`client_for` picks).
+  `SessionClient`, the same interface over an aiohttp session (routing/scrape_session.py:
+  `client_for` picks).
 - `fetch(path, timeout, done)` sends `GET <base><path> HTTP/1.1` with Host,
   `Accept-Encoding: identity` (a gzipped payload would cost the backend and the gateway CPU to
   save loopback-cheap bytes) and `Connection: keep-alive`, and later calls `done` exactly once,
@@ -19,7 +20,7 @@ Contract
   lost before the answer is complete (refused, reset, closed), `ScrapeTimeout` when `timeout`
   (connect, request and body together) runs out; the base class for everything else: a status
   other than 200 (`status` is set; the body is read and dropped so that the connection stays
-  usable), a body over `max_body` bytes (default 8 MiB: a metrics payload is ~100 KB, anything
+  usable), a body over `max_body` bytes (default 8 MiB, far above any metrics payload: anything
   that big is broken and must not fill the gateway's memory), a malformed answer. The class name
   is the poller's error label, so the set is small and fixed.
 - A connection is reused while the server keeps it open; it is dropped after a failure, a
@@ -39,8 +40,6 @@ from collections.abc import Callable
 from typing import Protocol, cast
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from routing.http_response import ResponseReader, ScrapeError, whole_ok_body
 
 __all__ = [
@@ -51,14 +50,11 @@ __all__ = [
     "ScrapeConnectError",
     "ScrapeError",
     "ScrapeTimeout",
-    "SessionClient",
-    "client_for",
     "get",
 ]
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 _TIMER_SLACK = 0.001  # libuv's timers tick in milliseconds
-_IDENTITY = {"Accept-Encoding": "identity"}
 
 Done = Callable[[bytes | ScrapeError], None]
 
@@ -96,19 +92,6 @@ async def get(client: ScrapeClient, path: str, timeout: float) -> bytes:
 
     client.fetch(path, timeout, done)
     return await future
-
-
-def client_for(
-    base_url: str, session: aiohttp.ClientSession | None, *, max_body: int = MAX_BODY_BYTES
-) -> ScrapeClient | None:
-    """The client for one backend: `SessionClient` over `session` when one is given, else the
-    keep-alive client for plain http URLs; None when the URL needs a session (https, user info)
-    and none was given."""
-    if session is not None:
-        return SessionClient(session, base_url, max_body=max_body)
-    if KeepAliveClient.supports(base_url):
-        return KeepAliveClient(base_url, max_body=max_body)
-    return None
 
 
 class KeepAliveClient:
@@ -360,73 +343,3 @@ class _Connection(asyncio.Protocol):
                 transport.abort()
         if done is not None and result is not None:
             done(result)
-
-
-class SessionClient:
-    """The same interface over an aiohttp session (https backends, or a session the caller
-    passed in), one task per request. The session is the caller's: `close` leaves it open."""
-
-    def __init__(
-        self, session: aiohttp.ClientSession, base_url: str, *, max_body: int = MAX_BODY_BYTES
-    ) -> None:
-        self._session = session
-        self._base_url = base_url
-        self._max_body = max_body
-        self._task: asyncio.Task[bytes] | None = None
-
-    def fetch(self, path: str, timeout: float, done: Done) -> None:
-        if self._task is not None:
-            raise RuntimeError("a request is already in flight on this client")
-        task = self._task = asyncio.get_running_loop().create_task(self._get(path, timeout))
-
-        def finished(task: asyncio.Task[bytes]) -> None:
-            self._task = None
-            if task.cancelled():  # closed: abandoned
-                return
-            error = task.exception()
-            if error is None:
-                done(task.result())
-            elif isinstance(error, ScrapeError):
-                done(error)
-            else:  # a bug, not a backend's misbehaviour: surface it rather than hide it
-                done(ScrapeError(f"{type(error).__name__}: {error}"))
-
-        task.add_done_callback(finished)
-
-    async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _get(self, path: str, timeout: float) -> bytes:
-        url = self._base_url + path
-        try:
-            async with asyncio.timeout(timeout):
-                async with self._session.get(
-                    url, allow_redirects=False, headers=_IDENTITY
-                ) as resp:
-                    if resp.status != 200:
-                        reason = f"HTTP {resp.status} {resp.reason or ''}".rstrip()
-                        raise ScrapeError(reason, status=resp.status)
-                    return await self._read(resp)
-        except TimeoutError as exc:
-            raise ScrapeTimeout("no complete answer within the timeout") from exc
-        except (aiohttp.ClientConnectionError, OSError) as exc:
-            raise ScrapeConnectError(f"{type(exc).__name__}: {exc}") from exc
-        except aiohttp.ClientError as exc:
-            raise ScrapeError(f"{type(exc).__name__}: {exc}") from exc
-
-    async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
-        length = resp.content_length
-        if length is not None and length > self._max_body:
-            raise ScrapeError(f"the body is {length} bytes, over the {self._max_body} limit")
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in resp.content.iter_any():
-            size += len(chunk)
-            if size > self._max_body:
-                raise ScrapeError(f"the body is over the {self._max_body} bytes limit")
-            chunks.append(chunk)
-        return b"".join(chunks)

@@ -1,27 +1,28 @@
-"""One backend's polling state (`_Backend`), and the two steps on it that need nothing of the
-poller's: pointing its next /metrics requests at a path (`_route`), and completing a hot answer
-with the last full answer's slow groups (`_completed`).
+"""One backend's polling state (`ScrapeState`), and the steps on it that need nothing of the
+poller's: the snapshot of an answer (`answer_snapshot`), pointing the next /metrics requests at a
+path (`route`), and completing a hot answer with the last full answer's slow groups
+(`completed_hot`).
 
 Contract
-- Private to routing/poller.py (hence the underscores). Only the poller's callbacks, on the event
-  loop, read or write a `_Backend`: one per backend, created in `Poller.run`, updated in place at
-  every scrape, never shared. The rest of routing reads the frozen `BackendSnapshot` the poller
-  reports into the Fleet, never this state.
+- Only the poller's callbacks (routing/poller.py), on the event loop, read or write a
+  `ScrapeState`: one per backend, created in `Poller.run`, updated in place at every scrape,
+  never shared. The rest of routing reads the frozen `BackendSnapshot` the poller reports into
+  the Fleet, never this state.
 - The rules these fields and steps carry out (Filtering, Tiers, Re-use) are stated in the module
   docstring of routing/poller.py; the hot-answer template's, in routing/hot_template.py.
-- `_route` and `_completed` work on the state alone: no I/O, no clock, no logging. `_completed`
-  raises `MetricsError` for a hot answer it cannot complete, and the poller then asks for every
-  name within the same scrape.
+- These steps work on the state and their arguments alone: no I/O, no clock, no logging.
+  `answer_snapshot` (through `completed_hot`) raises `MetricsError` for a hot answer it cannot
+  complete, and the poller then asks for every name within the same scrape.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from routing.hot_template import _HotTemplate
-from routing.metrics import GroupCache, MetricsError, Reading
+from routing.hot_template import HotTemplate
+from routing.metrics import MetricsError, Reading, read_metrics, snapshot_of
 from routing.metrics.prom import Groups
-from routing.metrics.query import METRICS_PATH, completed, filtered_path, hot_path
+from routing.metrics.query import METRICS_PATH, completed, filtered_path, hot_path, slow_groups
 from routing.scrape_client import Done, ScrapeClient, ScrapeError
 from routing.state import BackendSnapshot, BackendSpec
 
@@ -31,7 +32,7 @@ def _unbound(result: bytes | ScrapeError) -> None:
 
 
 @dataclasses.dataclass(slots=True, eq=False)
-class _Backend:
+class ScrapeState:
     """One backend's polling state; only the poller's callbacks touch it."""
 
     spec: BackendSpec
@@ -64,20 +65,15 @@ class _Backend:
     hot_names: tuple[str, ...] = ()
     full_k: int = 0
     hot_failed: bool = False
-    # The last answer of each kind and its reading (a hot one's completed with `slow`), so that
-    # the alternation of full and hot answers of an idle server costs no reading.
-    full_memo: tuple[bytes, Reading] | None = None
-    hot_memo: tuple[bytes, Reading] | None = None
-    # The last hot answer parsed whole, as a template for the next ones (`_HotTemplate`).
-    hot_template: _HotTemplate | None = None
-    # The last payload parsed, the series read from it, and the snapshot they gave.
-    last_body: bytes = b""
+    # The last hot answer parsed whole, as a template for the next ones (`HotTemplate`).
+    hot_template: HotTemplate | None = None
+    # The series read from the last answer (None: read from its numbers), and its snapshot: on
+    # a tiered path, the full answer's slow groups come from the reading.
     last_reading: Reading | None = None
     last_snapshot: BackendSnapshot | None = None
-    groups: GroupCache = dataclasses.field(default_factory=GroupCache)  # the last groups parsed
 
 
-def _route(backend: _Backend, family: str) -> None:
+def route(backend: ScrapeState, family: str) -> None:
     """Points the backend's next /metrics request at the filtered path for `family` when its
     servers filter and that path has not failed on this backend, else at plain /metrics; and
     its hot scrapes at `family`'s hot path, if any and tiers are on, once a full answer came."""
@@ -90,7 +86,7 @@ def _route(backend: _Backend, family: str) -> None:
         backend.hot = hot_path(family) if backend.tiered else None
 
 
-def _completed(backend: _Backend, reading: Reading) -> Reading:
+def completed_hot(backend: ScrapeState, reading: Reading) -> Reading:
     """A hot answer's reading completed with the last full answer's slow groups. Raises
     MetricsError (the scrape then asks for every name) when it is not of the backend's format
     or lacks a moving series the full answer had."""
@@ -101,3 +97,68 @@ def _completed(backend: _Backend, reading: Reading) -> Reading:
         if name not in groups:
             raise MetricsError(f"a hot answer without {name}, which the full answer had")
     return completed(reading, slow)
+
+
+def answer_snapshot(
+    backend: ScrapeState, body: bytes, full_every: int, *, templates: bool = True,
+    series_equal: bool = True,
+) -> tuple[BackendSnapshot, bool]:
+    """The snapshot of the answer `body` to the request the backend's scrape sent
+    (`backend.fetching`), and whether it was read from its numbers (a `HotTemplate`, when
+    `templates`). When `series_equal`, an answer whose series (its `Reading`) equal the last
+    answer's gives the last snapshot, restamped. A hot answer's series are completed with the
+    last full answer's slow ones; a full filtered answer's are kept for the hot answers until
+    the next one, which is asked for `full_every` grid points after this scrape's. Raises
+    MetricsError for an answer that is not the backend's format."""
+    hot = backend.fetching == backend.hot
+    template = backend.hot_template if hot else None
+    if template is not None and template.slow is not backend.slow:
+        template = backend.hot_template = None
+    if template is not None:
+        from_numbers = template.snapshot_of(body, backend.taken_at)
+        if from_numbers is not None:
+            # No reading: the next full answer, or hot answer unlike this one, is read and parsed
+            # whole.
+            backend.last_reading, backend.last_snapshot = None, from_numbers
+            return from_numbers, True
+    spec = backend.spec
+    reading = read_metrics(body, format=spec.metrics_format)
+    if hot:
+        reading = completed_hot(backend, reading)
+    last = backend.last_snapshot
+    if series_equal and last is not None and reading == backend.last_reading:
+        snapshot = last._replace(taken_at=backend.taken_at)
+    else:
+        snapshot = snapshot_of(
+            reading, taken_at=backend.taken_at,
+            max_batch_total_tokens=spec.max_batch_total_tokens)
+        if hot and templates and (template is None or template.values is not None):
+            assert backend.slow is not None  # a hot answer is completed with it
+            backend.hot_template = HotTemplate.of(
+                body, reading, snapshot, backend.slow, backend.hot_names)
+    backend.last_reading, backend.last_snapshot = reading, snapshot
+    if reading.family != backend.path_family:
+        route(backend, reading.family)
+    if backend.hot is not None and backend.fetching == backend.path:
+        _full_answered(backend, snapshot, full_every)
+    return snapshot, False
+
+
+def _full_answered(backend: ScrapeState, snapshot: BackendSnapshot, full_every: int) -> None:
+    """A full answer on a tiered path: its slow groups complete the hot answers until the next
+    one."""
+    family, full = backend.path_family, backend.last_reading
+    assert family is not None and full is not None  # a tiered path has both
+    slow = slow_groups(family, full.groups)
+    hot_names = tuple(name for name in full.groups if name not in slow)
+    if slow != backend.slow or hot_names != backend.hot_names:
+        # Read with other slow groups, or checked for other names: the template (tied to the
+        # `slow` object) ends, unless it can take this answer's slow groups.
+        template = backend.hot_template
+        if template is not None and hot_names == backend.hot_names:
+            template = template.rebased(slow, full, snapshot, hot_names)
+        else:
+            template = None
+        backend.hot_template = template
+        backend.slow, backend.hot_names = slow, hot_names
+    backend.full_k = backend.started_k + full_every

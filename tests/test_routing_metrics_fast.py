@@ -25,7 +25,7 @@ from routing.state import BackendSnapshot
 from tests.paths import FIXTURES
 
 FORMATS = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "trtllm": trtllm, "llamacpp": llamacpp}
-READERS = {name: module._READER for name, module in FORMATS.items()}
+READERS = {name: module.READER for name, module in FORMATS.items()}
 
 
 def general(reader: SeriesReader, payload: bytes) -> Groups:
@@ -211,9 +211,9 @@ def test_one_engine_kv_figures_are_the_general_computation(
 ) -> None:
     labels = {} if engine is None else {"engine": engine}
     series = [Sample(labels, value)]
-    config = vllm._CacheConfig({config_engine: blocks}, 16, simulator=False)
-    fast = vllm._kv(series, config, reserved)
-    general_figures = vllm._kv_engines(series, config.blocks, reserved)
+    config = vllm.CacheConfig({config_engine: blocks}, 16, simulator=False)
+    fast = vllm.kv_figures(series, config, reserved)
+    general_figures = vllm.kv_figures_any(series, config.blocks, reserved)
     assert repr(fast) == repr(general_figures)  # repr: NaN and -0.0 compare as themselves
 
 
@@ -230,13 +230,13 @@ def test_a_count_of_one_sample_is_the_count_of_its_total(values: list[float]) ->
 def test_the_memoised_cache_config_is_the_one_its_samples_give(payload: str) -> None:
     groups = READERS["vllm"].read(PAYLOADS[payload])
     group = groups[vllm.CACHE_CONFIG]
-    config = vllm._cache_config_of(group)
-    assert config == vllm._cache_config(parse_groups(groups).get(vllm.CACHE_CONFIG))
-    assert vllm._cache_config_of(bytes(bytearray(group))) is config  # equal bytes: no parse
+    config = vllm.cache_config_of(group)
+    assert config == vllm.cache_config(parse_groups(groups).get(vllm.CACHE_CONFIG))
+    assert vllm.cache_config_of(bytes(bytearray(group))) is config  # equal bytes: no parse
 
 
 def test_a_payload_without_cache_config_has_no_capacity() -> None:
-    config = vllm._cache_config_of(None)
+    config = vllm.cache_config_of(None)
     assert (dict(config.blocks), config.block_size, config.simulator) == ({}, None, False)
 
 

@@ -13,10 +13,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from routing import poller as poller_module
+from routing import scrape_state
 from routing.fleet import Fleet
 from routing.metrics import Reading, snapshot_of
-from routing.poller import Poller, restamped, retry_delay
+from routing.poller import Poller, retry_delay
 from routing.state import BackendSnapshot, BackendSpec
 from tests.paths import FIXTURES, eventually, free_port
 
@@ -255,24 +255,30 @@ RUNNING_24 = (b'vllm:num_requests_running{engine="0",model_name="meta-llama/Llam
               b" 24.0")
 
 
+@pytest.mark.parametrize(("series_equal", "parsed_once"), [
+    pytest.param(True, True, id="load series unchanged: the last snapshot, restamped"),
+    pytest.param(False, False, id="series-equal reuse off: parsed at every scrape"),
+])
 async def test_an_idle_backend_is_not_parsed_again_and_stays_fresh(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, series_equal: bool, parsed_once: bool,
 ) -> None:
+    """A whole payload whose process CPU moves at every scrape while its load series do not."""
     parsed: list[float] = []
 
     def counting_snapshot_of(reading: Reading, **kwargs: Any) -> BackendSnapshot:
         parsed.append(kwargs["taken_at"])
         return snapshot_of(reading, **kwargs)
 
-    monkeypatch.setattr(poller_module, "snapshot_of", counting_snapshot_of)
+    monkeypatch.setattr(scrape_state, "snapshot_of", counting_snapshot_of)
     cpu = b"process_cpu_seconds_total 812.33"
     idle = changing(lambda n: VLLM_V1.replace(cpu, f"process_cpu_seconds_total {812 + n}".encode()))
     async with serving({"/metrics": idle}) as url:
         f = fleet_of({"idle": url})
-        async with poller(f).running() as p:
+        p = Poller(f, interval=0.01, timeout=0.25, backoff_max=0.05, series_equal=series_equal)
+        async with p.running():
             await eventually(lambda: p.scrapes_ok >= 5, "five scrapes")
-            snap = f.snapshot("idle")
-    assert len(parsed) == 1  # the process CPU changed every time, the load series did not
+            snap, ok = f.snapshot("idle"), p.scrapes_ok
+    assert len(parsed) == (1 if parsed_once else ok)
     assert snap is not None and snap.taken_at > parsed[0]
     assert (snap.running, snap.kv_free_blocks) == (24, 15795)
 
@@ -303,12 +309,3 @@ async def test_an_https_backend_is_scraped_through_aiohttp() -> None:
         async with p.running():
             await eventually(lambda: len(errors) >= 2, "two failed scrapes")
     assert set(errors) == {"ScrapeConnectError"} and f.snapshot("tls") is None
-
-
-def test_a_restamped_snapshot_differs_only_in_its_time() -> None:
-    snap = BackendSnapshot(
-        taken_at=1.0, format="vllm", kv_total_blocks=100, kv_free_blocks=40, kv_usage=0.6,
-        block_size=16, running=3, waiting=1, preemptions=2, prefix_cache_hit_rate=0.5,
-        models=("m",),
-    )
-    assert restamped(snap, 2.5) == snap._replace(taken_at=2.5)

@@ -340,7 +340,7 @@ async def test_a_backend_that_fell_back_tries_filtering_again_after_being_unheal
     assert got is not None and same_state(got, expected(VLLM_V1, "vllm"))
 
 
-async def test_filtered_payloads_are_reused_when_unchanged_and_parsed_when_they_move() -> None:
+async def test_filtered_payloads_are_read_afresh_when_they_move() -> None:
     """The busy kind moves running, KV usage and a counter at every collection."""
     registry = fixture_registry(VLLM_V1_TEXT, "busy")
     async with serving(make_aiohttp_handler(registry)) as url, polling(url, "vllm") as (

@@ -21,10 +21,9 @@ from routing.scrape_client import (
     ScrapeConnectError,
     ScrapeError,
     ScrapeTimeout,
-    SessionClient,
-    client_for,
     get,
 )
+from routing.scrape_session import SessionClient, client_for
 from tests.paths import FIXTURES, free_port
 
 PAYLOAD = (FIXTURES / "vllm-v1.prom").read_bytes()

@@ -4,11 +4,11 @@
 from the series names, and returns one snapshot; a field the server does not expose is None.
 llama.cpp's KV figures come from its `GET /slots` JSON: `parse_slots` then `with_slots`.
 
-`parse_metrics` is two steps a frequent caller (the poller) takes apart: `read_metrics` cuts the
-series the format reads out of the payload (a `Reading`), `snapshot_of` parses them into a
-snapshot. A snapshot depends on nothing else, so when a backend's reading equals its previous
-one (a backend whose load did not change, though its process and histogram series did), the
-previous snapshot is the answer and the second step can be skipped.
+`parse_metrics` is two steps the poller takes apart: `read_metrics` cuts the series the format
+reads out of the payload (a `Reading`), `snapshot_of` parses them into a snapshot; in between, the
+poller completes a hot answer's reading with the slow groups of the last full one
+(routing/metrics/query.py). A snapshot depends on the reading alone (and the configured batch
+budget): equal readings give equal snapshots.
 
 One module per server format; `prom` is the shared text reader. Each format module lists the
 series it reads in the server's payload order (`NAMES`, and `TAIL` for those at the very end),
@@ -25,11 +25,10 @@ from typing import NamedTuple
 from routing.metrics import llamacpp, sglang, tgi, trtllm, vllm
 from routing.metrics.detect import detect_family
 from routing.metrics.llamacpp import Slots, parse_slots, with_slots
-from routing.metrics.prom import GroupCache, Groups, MetricsError, Samples, parse_groups
+from routing.metrics.prom import Groups, MetricsError, Samples, parse_groups
 from routing.state import METRICS_FORMATS, BackendSnapshot
 
 __all__ = [
-    "GroupCache",
     "MetricsError",
     "Reading",
     "Slots",
@@ -102,13 +101,11 @@ def snapshot_of(
     *,
     taken_at: float,
     max_batch_total_tokens: int | None = None,
-    cache: GroupCache | None = None,
 ) -> BackendSnapshot:
     """The snapshot of a reading (see `parse_metrics`). Raises MetricsError when the series the
-    format needs are missing. `cache`: the groups parsed from the same server's last reading
-    (routing/metrics/prom.py), so that only the groups that changed are parsed again."""
+    format needs are missing."""
     family = reading.family
-    samples = parse_groups(reading.groups, cache, _PARSED.get(family))
+    samples = parse_groups(reading.groups, _PARSED.get(family))
     if family in ("vllm", "vllm-v0"):
         return vllm.build(
             samples, taken_at=taken_at, variant=reading.format, groups=reading.groups)

@@ -39,11 +39,11 @@ PROMPT_TOKENS_CACHED = "llamacpp:prompt_tokens_cached_total"
 # In the order llama-server writes them; the usage ratio only older builds write comes last.
 NAMES = (PROMPT_TOKENS, PROMPT_TOKENS_CACHED, PROCESSING, DEFERRED, KV_USAGE_RATIO)
 
-_READER = SeriesReader(NAMES)
+READER = SeriesReader(NAMES)
 
 
 def read(payload: bytes) -> Groups:
-    return _READER.read(payload)
+    return READER.read(payload)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

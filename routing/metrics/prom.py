@@ -19,11 +19,7 @@ full search; names only older server versions write are therefore searched for o
 current names turn out to be missing (`read_older`).
 
 Two steps: `read_groups` cuts the groups' text out of the payload, `parse_groups` reads their
-samples. Equal groups give equal samples, so a caller that keeps the previous scrape's groups can
-skip the second step (and the format parser after it) when nothing it reads has changed, even
-though the payload's other series (process CPU, histograms) have; and when some groups changed
-(a busy server: its running count, its KV usage), a `GroupCache` spares parsing the others again
-(its cache config, its LoRA info, counters that did not move).
+samples. Equal groups give equal samples.
 
 Line syntax: label order is free, label values may hold escaped quotes and `}`, values are
 Go/Python floats (`1.8432e+06`, `5.173653504e+010`, `NaN`, `+Inf`), an optional timestamp is
@@ -106,29 +102,14 @@ def read_groups(payload: bytes, names: Iterable[str], tail: Sequence[str] = ()) 
     return out
 
 
-def parse_groups(
-    groups: Mapping[str, bytes],
-    cache: GroupCache | None = None,
-    names: Container[str] | None = None,
-) -> Samples:
+def parse_groups(groups: Mapping[str, bytes], names: Container[str] | None = None) -> Samples:
     """The samples of each group (UTF-8, undecodable bytes replaced), or of those of `names`;
     a group without a sample that has a numeric value is left out. A group holds only its
     name's lines (and maybe `_created` siblings): a regex pass over it costs less than a Python
-    loop over its lines. With a `cache`, groups equal to the cached ones are not parsed again,
-    and the cache then holds these groups and samples."""
+    loop over its lines."""
     out: Samples = {}
-    last_groups = last_samples = None
-    if cache is not None:
-        last_groups, last_samples = cache.groups, cache.samples
-        cache.groups, cache.samples = groups, out
     for name, group in groups.items():
         if names is not None and name not in names:
-            continue
-        if last_groups is not None and last_groups.get(name) == group:
-            assert last_samples is not None
-            kept = last_samples.get(name)
-            if kept is not None:
-                out[name] = kept
             continue
         samples: list[Sample] = []
         lines = SAMPLE_LINE.findall(group.decode("utf-8", "replace"))
@@ -144,19 +125,6 @@ def parse_groups(
         if samples:
             out[name] = samples
     return out
-
-
-class GroupCache:
-    """The groups one reader parsed last and their samples, by sample name: `parse_groups` takes
-    the samples of a group byte for byte equal to its last self from here rather than parsing it
-    again. One per series of payloads (one backend's scrapes), owned by its one reader; the
-    samples are shared with that reader's earlier results, hence read-only (as all are)."""
-
-    __slots__ = ("groups", "samples")
-
-    def __init__(self) -> None:
-        self.groups: Mapping[str, bytes] = {}
-        self.samples: Samples = {}
 
 
 def read_older(payload: bytes, groups: Groups, renamed: Iterable[tuple[str, str]]) -> Groups:

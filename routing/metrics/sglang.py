@@ -50,13 +50,13 @@ _RENAMED = ((PAGE_SIZE, CACHE_CONFIG), (NUM_PAGES, CACHE_CONFIG))  # gauges, old
 # it filters (`/metrics?name[]=...`, routing/metrics/query.py).
 SAMPLE_NAMES = tuple(dict.fromkeys((*NAMES, *TAIL, *(old for _, old in _RENAMED))))
 
-_READER = SeriesReader(NAMES, TAIL, _RENAMED)
+READER = SeriesReader(NAMES, TAIL, _RENAMED)
 
 
 def read(payload: bytes) -> Groups:
     """The series `build` reads: `NAMES`, and the older cache config info only where a page
     gauge is missing."""
-    return _READER.read(payload)
+    return READER.read(payload)
 
 
 def build(samples: Samples, *, taken_at: float) -> BackendSnapshot:

@@ -29,11 +29,11 @@ BATCH_MAX_TOKENS = "tgi_batch_current_max_tokens"
 
 NAMES = (BATCH_MAX_TOKENS, BATCH_SIZE, QUEUE)  # in the order TGI writes them
 
-_READER = SeriesReader(NAMES)
+READER = SeriesReader(NAMES)
 
 
 def read(payload: bytes) -> Groups:
-    return _READER.read(payload)
+    return READER.read(payload)
 
 
 def has_load(groups: Groups) -> bool:

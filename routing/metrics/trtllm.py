@@ -27,11 +27,11 @@ REQUESTS = "nv_trt_llm_request_metrics"
 
 NAMES = (REQUESTS, KV_BLOCKS)  # in the order Triton writes them
 
-_READER = SeriesReader(NAMES)
+READER = SeriesReader(NAMES)
 
 
 def read(payload: bytes) -> Groups:
-    return _READER.read(payload)
+    return READER.read(payload)
 
 
 def build(samples: Samples, *, taken_at: float) -> BackendSnapshot:

@@ -74,7 +74,7 @@ SAMPLE_NAMES = tuple(dict.fromkeys((*NAMES, *TAIL, *(old for _, old in _RENAMED)
 # every name (routing/metrics/query.py, routing/poller.py), are the load gauges routing reads at
 # every decision; the cumulative counters (preemptions, prefix cache queries and hits) move too,
 # but their rates need no fresher reading than the full scrape's, about once a second, and
-# leaving them out halves the hot answer (busy vLLM backends: ~5.5% of a core against ~6%).
+# leaving them out halves the hot answer.
 SLOW = (CACHE_CONFIG, LORA_INFO, SUCCESS)
 _COUNTERS = (PREEMPTIONS, *PREFIX_QUERIES, *PREFIX_HITS, PREFIX_HIT_RATE_V0)
 HOT_NAMES = tuple(name for name in SAMPLE_NAMES if name not in SLOW and name not in _COUNTERS)
@@ -84,13 +84,13 @@ _PREFIX_NAMES = tuple(zip(PREFIX_QUERIES, PREFIX_HITS, strict=True))
 # and `snapshot_of` need not parse them.
 PARSED = frozenset(SAMPLE_NAMES) - frozenset(SLOW)
 
-_READER = SeriesReader(NAMES, TAIL, _RENAMED)
+READER = SeriesReader(NAMES, TAIL, _RENAMED)
 
 
 def read(payload: bytes) -> Groups:
     """The series `build` reads: `NAMES` and `TAIL`, and the older names only where current ones
     are missing."""
-    return _READER.read(payload)
+    return READER.read(payload)
 
 
 def build(
@@ -114,7 +114,8 @@ def build(
                 has_engines = True
                 break
         variant = "vllm" if KV_USAGE in samples or has_engines or simulator else "vllm-v0"
-    total_blocks, free_blocks, usage = _kv(usage_series, config, _reserved(variant, simulator))
+    reserved = _reserved(variant, simulator)
+    total_blocks, free_blocks, usage = kv_figures(usage_series, config, reserved)
     return BackendSnapshot(
         taken_at=taken_at,
         format=variant,
@@ -137,13 +138,13 @@ def rebuild(
     `snapshot` from only in the values of the load series: `load` holds the samples of every
     load series (running, waiting, KV usage) that those had, with the same labels, and
     `groups` are the same groups. `build` reads those values in three figures only (the
-    running and waiting counts, and the KV figures through `_kv`); every other field depends
-    on names, labels and the other groups alone, and is `snapshot`'s. The poller's hot answers
-    (routing/metrics/template.py)."""
+    running and waiting counts, and the KV figures through `kv_figures`); every other field
+    depends on names, labels and the other groups alone, and is `snapshot`'s. The poller's hot
+    answers (routing/metrics/template.py)."""
     get = load.get
     config, simulator = _config_of(groups)
     variant = snapshot.format
-    total_blocks, free_blocks, usage = _kv(
+    total_blocks, free_blocks, usage = kv_figures(
         get(KV_USAGE) or get(KV_USAGE_OLD), config, _reserved(variant, simulator))
     return _new_snapshot((
         taken_at, variant, total_blocks, free_blocks, usage, snapshot.block_size,
@@ -160,9 +161,9 @@ assert BackendSnapshot._fields[:_AFTER_LOAD] == (
 )
 
 
-def _config_of(groups: Groups) -> tuple[_CacheConfig, bool]:
+def _config_of(groups: Groups) -> tuple[CacheConfig, bool]:
     """The cache config, and whether the server is llm-d-inference-sim."""
-    config = _cache_config_of(groups.get(CACHE_CONFIG))
+    config = cache_config_of(groups.get(CACHE_CONFIG))
     return config, config.simulator or _success_says_simulator(groups.get(SUCCESS))
 
 
@@ -175,7 +176,7 @@ def is_simulator(groups: Groups) -> bool:
     """llm-d-inference-sim: a `finish_reason` label on its success counter, or a cache config
     with only `block_size` and `num_gpu_blocks`."""
     return (_success_says_simulator(groups.get(SUCCESS))
-            or _cache_config_of(groups.get(CACHE_CONFIG)).simulator)
+            or cache_config_of(groups.get(CACHE_CONFIG)).simulator)
 
 
 def _success_says_simulator(group: bytes | None) -> bool:
@@ -191,7 +192,7 @@ def _finish_reason_label(group: bytes) -> bool:
     return False
 
 
-class _CacheConfig(NamedTuple):
+class CacheConfig(NamedTuple):
     """What `vllm:cache_config_info` says."""
 
     blocks: Mapping[str, int | None]  # engine label ("" when absent) -> num_gpu_blocks
@@ -199,10 +200,10 @@ class _CacheConfig(NamedTuple):
     simulator: bool  # labels block_size and num_gpu_blocks only: llm-d-inference-sim
 
 
-def _cache_config(series: list[Sample] | None) -> _CacheConfig:
+def cache_config(series: list[Sample] | None) -> CacheConfig:
     configs = by_label(series, "engine")
     sizes = (int_label(s, "block_size") for s in configs.values())
-    return _CacheConfig(
+    return CacheConfig(
         MappingProxyType({key: int_label(s, "num_gpu_blocks") for key, s in configs.items()}),
         next((size for size in sizes if size), None),
         bool(series) and all(s.labels.keys() == _SIM_CACHE_LABELS for s in series or ()),
@@ -210,14 +211,14 @@ def _cache_config(series: list[Sample] | None) -> _CacheConfig:
 
 
 @lru_cache(maxsize=256)
-def _cache_config_of(group: bytes | None) -> _CacheConfig:
-    """`_cache_config` of a group's samples, by the group's bytes: a server writes the same
+def cache_config_of(group: bytes | None) -> CacheConfig:
+    """`cache_config` of a group's samples, by the group's bytes: a server writes the same
     group at every scrape. Shared, hence read-only."""
-    return _cache_config(parse_groups({CACHE_CONFIG: group}).get(CACHE_CONFIG) if group else None)
+    return cache_config(parse_groups({CACHE_CONFIG: group}).get(CACHE_CONFIG) if group else None)
 
 
-def _kv(
-    usage_series: list[Sample] | None, config: _CacheConfig, reserved: int
+def kv_figures(
+    usage_series: list[Sample] | None, config: CacheConfig, reserved: int
 ) -> tuple[int | None, int | None, float | None]:
     """(total blocks, free blocks, usage) summed over engines; a figure that any engine lacks is
     None rather than a partial sum."""
@@ -234,13 +235,13 @@ def _kv(
             return None, None, fraction
         pool = n - reserved
         return n, round((1.0 - fraction) * pool), fraction * pool / pool
-    return _kv_engines(usage_series, blocks, reserved)
+    return kv_figures_any(usage_series, blocks, reserved)
 
 
-def _kv_engines(
+def kv_figures_any(
     usage_series: list[Sample] | None, blocks: Mapping[str, int | None], reserved: int
 ) -> tuple[int | None, int | None, float | None]:
-    """`_kv` for any number of engines and configs."""
+    """`kv_figures` for any number of engines and configs."""
     if usage_series is not None and len(usage_series) == 1:
         sample = usage_series[0]
         usages = {sample.labels.get("engine", ""): unit_fraction(sample.value)}
@@ -299,7 +300,7 @@ def _models(
 @lru_cache(maxsize=256)
 def _adapters_of(group: bytes | None) -> tuple[str, ...]:
     """The LoRA adapters, running and waiting, in the newest `vllm:lora_requests_info` sample
-    (its value is the time it was set), by the group's bytes (see `_cache_config_of`)."""
+    (its value is the time it was set), by the group's bytes (see `cache_config_of`)."""
     series = parse_groups({LORA_INFO: group}).get(LORA_INFO) if group else None
     lora = [s for s in series or () if math.isfinite(s.value)]
     if not lora:
