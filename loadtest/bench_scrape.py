@@ -5,7 +5,7 @@
                                               [--baseline DIR [--baseline-name TEXT]]
                                               [--no-record]
 
-docs/scraping.md gives the figures and what each piece does.
+docs/design.md gives the figures and what each piece does.
 
 The backends are metrics endpoints in ONE separate process (aiohttp, one port per backend, on
 127.0.0.1), serving the simulator's vLLM V1 exposition (loadtest/sim/exposition.py) as a vLLM

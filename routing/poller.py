@@ -6,7 +6,7 @@ routing/scrape_state.py holds each backend's polling state (`ScrapeState`) and t
 scrape asks for; routing/hot_template.py reads hot answers from their numbers;
 routing/poll_timing.py holds the pure time arithmetic (`full_every_for`, `retry_delay`),
 re-exported here; routing/scrape_client.py is the keep-alive HTTP client. What each
-piece saves, measured, is in docs/scraping.md (loadtest/bench_scrape.py).
+piece saves, measured, is in docs/design.md (loadtest/bench_scrape.py).
 
 - Schedule: backends are scraped in groups of `group_size`, each group at its own phase of the
   interval, every member on the same grid `phase + k * interval`. One timer per group wakes the

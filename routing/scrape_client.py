@@ -3,7 +3,7 @@
 Why not aiohttp: the poller sends one GET per backend per poll interval, and a general client's
 per-request machinery (URL objects, header multidicts, cookie and redirect handling, response
 objects, stream readers, a task per request) costs more CPU than everything else the poller does
-(docs/scraping.md has the measured difference and its command). Here a scrape is one write of a
+(docs/design.md has the measured difference and its command). Here a scrape is one write of a
 pre-built request, usually one read, and one callback: no task, no future.
 
 Contract

@@ -4,7 +4,7 @@ A busy backend's hot answer (routing/poller.py: `/metrics?name[]=...` for the lo
 a few hundred bytes) changes at every scrape, but only in its numbers: the same lines, names,
 labels and comments, in the same order. Reading it the general way (cut the groups, decode them,
 match every line, look its labels up, then the format's whole snapshot) costs the poller more
-than taking the numbers out of it (docs/scraping.md has the measured saving).
+than taking the numbers out of it (docs/design.md has the measured saving).
 
 `ValueTemplate.of(payload, samples, names)` keeps the structure of a payload that the general
 reader has parsed into `samples`: its text with the values left out (the skeleton, compiled into
