@@ -95,7 +95,8 @@ def decisions(candidates: int) -> int:
     return max(200, 40_000 // candidates)
 
 
-def compare(ref: str, policy: str, sizes: tuple[int, ...], rounds: int, record: bool) -> int:
+def compare(ref: str, policy: str, sizes: tuple[int, ...], rounds: int, record: bool,
+            name: str | None = None) -> int:
     from loadtest.results import Table
     from loadtest.results import record as write_record
 
@@ -125,7 +126,7 @@ def compare(ref: str, policy: str, sizes: tuple[int, ...], rounds: int, record: 
             same_all = same_all and same
             rows.append([size, decisions(size), round(base, 1), round(cur, 1),
                          round(cur / base, 3), "identical" if same else "DIFFERENT"])
-        columns = ["backends", "decisions", f"{ref} us", "current us", "ratio", "picks"]
+        columns = ["backends", "decisions", "baseline us", "current us", "ratio", "picks"]
         widths = [max(len(str(x)) for x in col) for col in zip(columns, *rows, strict=True)]
         for line in (columns, *rows):
             print("  ".join(str(x).rjust(w) for x, w in zip(line, widths, strict=True)))
@@ -133,7 +134,8 @@ def compare(ref: str, policy: str, sizes: tuple[int, ...], rounds: int, record: 
             write_record(
                 "bench_routing", title="Routing decision cost against a baseline",
                 command=f"python -m loadtest.bench_routing --policy {policy} --candidates "
-                        f"{' '.join(map(str, sizes))} --baseline {ref} --rounds {rounds}",
+                        f"{' '.join(map(str, sizes))} --baseline "
+                        f"{'REF' if name else ref} --rounds {rounds}",
                 tables=[Table(
                     f"{policy}: microseconds per decision (submit + finish), best of {rounds}",
                     columns, rows,
@@ -141,7 +143,8 @@ def compare(ref: str, policy: str, sizes: tuple[int, ...], rounds: int, record: 
                           "machine; 'picks' compares the backends chosen, decision by decision. "
                           "The clock stands still and no usage is reported, so per-state caches "
                           "are reused between decisions wherever the dispatches leave a "
-                          "backend's state unchanged.")])
+                          "backend's state unchanged."
+                          + (f" REF, the baseline: {name}." if name else ""))])
         return 0 if same_all else 1
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
@@ -155,6 +158,8 @@ def main() -> int:
     parser.add_argument("--candidates", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("-n", type=int, default=None, help="decisions per measurement")
     parser.add_argument("--baseline", metavar="REF", help="git ref to compare against")
+    parser.add_argument("--baseline-name", metavar="TEXT",
+                        help="what the record calls the baseline instead of naming its ref")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (best counts)")
     parser.add_argument("--no-record", action="store_true", help="leave results/ alone")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -164,7 +169,7 @@ def main() -> int:
         return 0
     if args.baseline:
         return compare(args.baseline, args.policy, tuple(args.candidates), args.rounds,
-                       not args.no_record)
+                       not args.no_record, args.baseline_name)
     for count in args.candidates:
         n = args.n or decisions(count)
         best = min(_worker(args.policy, count, n)["us"] for _ in range(args.rounds))

@@ -10,7 +10,7 @@ For one policy, one seed and one load level (the first of each given), it prints
   counts), missed the TTFT SLO and missed the TPOT SLO: which requests a policy loses, and where;
 - per backend: the predicted TTFT (dispatch to first token) and TPOT against the actual, as means
   and as a correlation over requests. A prediction that does not track the actual misleads every
-  scorer built on it (an example: loadtest/README.md, the queue-model bug of session 3);
+  scorer built on it;
 - how many requests waited over 1 s for their first token, by 5 s window of arrival: a cluster in
   the first window is the cold start, before the gateway knows its backends' speeds.
 - the refused requests by reason, by workload kind and by 5 s window of arrival: whom admission

@@ -171,7 +171,7 @@ class Fleet:
         return out
 
     def admin_rows(self, now: float) -> list[dict[str, object]]:
-        """One row per backend, the fields of DESIGN.md's /admin/backends plus a few; a figure
+        """One row per backend, the fields `GET /admin/backends` documents (README.md); a figure
         nobody reported is None (JSON null)."""
         rows: list[dict[str, object]] = []
         for spec in self._specs:

@@ -10,7 +10,7 @@ from routing.fleet import Fleet, effective_free_blocks
 from routing.state import BackendSnapshot, BackendSpec, Candidate
 
 MAX_AGE = 1.0
-ADMIN_FIELDS = {  # DESIGN.md's /admin/backends example
+ADMIN_FIELDS = {  # the fields GET /admin/backends promises
     "id", "url", "models", "format", "healthy", "kv_total_blocks", "kv_free_blocks", "kv_usage",
     "block_size", "running", "waiting", "inflight", "reserved_blocks", "last_poll_age_ms",
 }
