@@ -17,7 +17,7 @@ VENV=.venv-floor
 TEST_TOOLS=(pytest pytest-asyncio pytest-timeout hypothesis openai prometheus-client rich)
 TESTS=(tests/test_gateway_api.py tests/test_gateway_proxy.py tests/test_cache_store.py
        tests/test_telemetry_*.py tests/test_gateway_serve.py tests/test_top.py
-       tests/test_cache_admin.py
+       tests/test_cache_admin.py tests/test_gateway_disconnect.py tests/test_routing_scrape_client.py
        tests/test_fleetsim_cli.py::test_plot_writes_a_png_or_names_the_missing_extra)
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
