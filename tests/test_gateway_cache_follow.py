@@ -5,7 +5,7 @@ last follower leaves too, the backend aborts. A real gateway, a real simulator, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -17,10 +17,10 @@ from gateway.config import Settings
 from gateway.serve import running_gateway
 from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS
+from tests.waiting import until
 
 MODEL = PRESETS[DEFAULT_PRESET].model_name
 CHAT = "/v1/chat/completions"
-DEADLINE_S = 20.0
 TOKENS = 400  # long enough that the leader is still generating when its client leaves
 BODY = {"model": MODEL, "stream": True, "temperature": 0, "max_tokens": TOKENS,
         "ignore_eos": True, "messages": [{"role": "user", "content": "Tell me a long story."}]}
@@ -37,13 +37,6 @@ async def rig() -> AsyncIterator[tuple[str, str, aiohttp.ClientSession]]:
         http = await stack.enter_async_context(aiohttp.ClientSession())
         yield url, sim, http
 
-
-async def wait_for(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + DEADLINE_S
-    while not await check():
-        assert loop.time() < end, f"not within {DEADLINE_S} s: {what}"
-        await asyncio.sleep(0.02)
 
 
 async def first_text(resp: aiohttp.ClientResponse) -> None:
@@ -93,7 +86,7 @@ async def test_a_follower_keeps_its_stream_when_the_leaders_client_leaves() -> N
         async def stored() -> bool:
             return await entries(http, url) == 1
 
-        await wait_for(stored, "the whole answer stored")
+        await until(stored, "the whole answer stored")
         async with http.post(url + CHAT, json=BODY) as again:
             assert again.headers["x-kvgate-cache"] == "exact"
 
@@ -112,5 +105,5 @@ async def test_the_upstream_is_aborted_when_the_last_follower_leaves_too() -> No
         async def abort_seen() -> bool:
             return await aborted(http, sim) == 1
 
-        await wait_for(abort_seen, "the backend aborts once no one reads the stream")
+        await until(abort_seen, "the backend aborts once no one reads the stream")
         assert await entries(http, url) == 0
