@@ -118,7 +118,11 @@ class Proxy:
             return Forwarded(result.response, self._relayed(ex, call, job, dispatch, result,
                                                             observer))
         finally:
-            self._gate.finish(dispatch, completion)
+            carried = self._relay.carried(dispatch)
+            if carried is None:
+                self._gate.finish(dispatch, completion)
+            else:  # read on for its followers: the backend holds its KV until that ends
+                carried.add_done_callback(lambda _: self._gate.finish(dispatch))
 
     def _relayed(self, ex: Exchange, call: UpstreamCall, job: Job, dispatch: Dispatch,
                  result: Relayed, observer: StreamObserver | None) -> Outcome:

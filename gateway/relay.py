@@ -14,7 +14,7 @@
 - A stream that identical streams follow (the cache's `LineTap.followed`) outlives its own
   client: when the client leaves, the upstream is handed to a task that reads on for the
   followers while any remains and closes it (the backend aborts) when the last one goes. The
-  attempt's lease on its backend ends with the client's request, as for any client that left.
+  attempt's lease on its backend is held until then: the backend still holds its KV.
 """
 
 from __future__ import annotations
@@ -114,8 +114,15 @@ class Relay:
         self._fleet = fleet
         self._first_byte_timeout = first_byte_timeout
         self._clock = clock
-        # Upstreams read on for followers after their own client left, each by its task.
+        # Upstreams read on for followers after their own client left, each by its task, and
+        # the same tasks by the dispatch they belong to (whose lease they keep held).
         self._carried: dict[aiohttp.ClientResponse, asyncio.Task[None]] = {}
+        self._carried_for: dict[Dispatch, asyncio.Task[None]] = {}
+
+    def carried(self, dispatch: Dispatch) -> asyncio.Task[None] | None:
+        """The task reading `dispatch`'s stream on for its followers, if its client left while
+        identical streams followed it: the backend still generates it until the task ends."""
+        return self._carried_for.get(dispatch)
 
     async def attempt(self, request: web.Request, ex: Exchange, call: UpstreamCall,
                       dispatch: Dispatch, observer: StreamObserver | None) -> Relayed | Retry:
@@ -266,12 +273,12 @@ class Relay:
             await response.write_eof()
         except asyncio.CancelledError:
             # The client hung up (the handler is cancelled); followers, if any, keep the stream.
-            self._carry_on(upstream, observer, tap)
+            self._carry_on(upstream, observer, tap, dispatch)
             raise
         except ConnectionResetError:
             # The client went away while we wrote; the caller closes the upstream connection
             # unless followers keep it.
-            self._carry_on(upstream, observer, tap)
+            self._carry_on(upstream, observer, tap, dispatch)
             return Relayed(response, CLIENT_CLOSED, "client gone", observer.usage,
                            client_disconnected=True)
         except Exception as exc:
@@ -290,14 +297,16 @@ class Relay:
 
 
     def _carry_on(self, upstream: aiohttp.ClientResponse, observer: StreamObserver,
-                  tap: LineTap | None) -> None:
+                  tap: LineTap | None, dispatch: Dispatch) -> None:
         """Hands the upstream to a task reading on for the followers, if there are any."""
         if tap is None or not tap.followed() or upstream.content.at_eof():
             return
         tap.carry_on()
         task = asyncio.get_running_loop().create_task(self._read_on(upstream, observer, tap))
         self._carried[upstream] = task
+        self._carried_for[dispatch] = task
         task.add_done_callback(lambda _: self._carried.pop(upstream, None))
+        task.add_done_callback(lambda _: self._carried_for.pop(dispatch, None))
 
     async def _read_on(self, upstream: aiohttp.ClientResponse, observer: StreamObserver,
                        tap: LineTap) -> None:

@@ -62,6 +62,21 @@ async def aborted(http: aiohttp.ClientSession, sim: str) -> float:
                and sample.labels.get("finished_reason") == "abort")
 
 
+async def client_closed(http: aiohttp.ClientSession, url: str) -> float:
+    """Completion requests the gateway recorded as ended by their client."""
+    async with http.get(url + "/metrics") as resp:
+        text = await resp.text()
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == "gen_ai_server_request_duration_seconds_count"
+               and sample.labels.get("error_type") == "client_closed")
+
+
+async def inflight(http: aiohttp.ClientSession, url: str) -> int:
+    async with http.get(url + "/admin/backends") as resp:
+        return int(orjson.loads(await resp.read())["backends"][0]["inflight"])
+
+
 async def entries(http: aiohttp.ClientSession, url: str) -> int:
     async with http.get(url + "/admin/cache") as resp:
         return int(orjson.loads(await resp.read())["entries"])
@@ -77,6 +92,13 @@ async def test_a_follower_keeps_its_stream_when_the_leaders_client_leaves() -> N
             assert "x-kvgate-backend" not in follower.headers
             await first_text(follower)
             leader.close()  # the leading stream's own client leaves
+
+            async def leader_recorded_gone() -> bool:
+                return await client_closed(http, url) == 1
+
+            await until(leader_recorded_gone, "the leader's request recorded as client_closed")
+            # Its backend still generates the stream for the follower: the lease stays held.
+            assert await inflight(http, url) == 1
             rest = await follower.read()
         found = events(rest)
         assert not any("error" in event for event in found)
@@ -87,6 +109,11 @@ async def test_a_follower_keeps_its_stream_when_the_leaders_client_leaves() -> N
             return await entries(http, url) == 1
 
         await until(stored, "the whole answer stored")
+
+        async def released() -> bool:
+            return await inflight(http, url) == 0
+
+        await until(released, "the lease released once the stream read on has ended")
         async with http.post(url + CHAT, json=BODY) as again:
             assert again.headers["x-kvgate-cache"] == "exact"
 
