@@ -174,7 +174,8 @@ class CacheSettings(_Section):
     # on: served, each hit having passed the near-miss guard (gateway/cache/guard.py).
     semantic: Literal["off", "shadow", "on"] = "off"
     # auto: the local model when `kvgate[semantic]` is installed, else hashing (surface variants
-    # only); hashing; local (all-MiniLM-L6-v2 on onnxruntime); openai (a /v1/embeddings endpoint).
+    # only); hashing; local or minilm (all-MiniLM-L6-v2 on onnxruntime); openai (a /v1/embeddings
+    # endpoint).
     embedder: Literal["auto", "hashing", "local", "openai"] = "auto"
     embedder_path: Path | None = None  # local: another copy of the model files (same sha256)
     embedder_url: str | None = None  # openai: the endpoint or its base URL
@@ -196,9 +197,17 @@ class CacheSettings(_Section):
         """The boolean of earlier versions still reads: true is on, false is off."""
         if isinstance(value, bool):
             return "on" if value else "off"
+        if isinstance(value, str) and value.lower() in ("true", "false"):  # from the environment
+            return "on" if value.lower() == "true" else "off"
         if not isinstance(value, str) or value not in ("off", "shadow", "on"):
             raise ValueError(f"must be off, shadow or on (or a boolean), not {value!r}")
         return value
+
+    @field_validator("embedder", mode="before")
+    @classmethod
+    def _embedder_name(cls, value: object) -> object:
+        """`minilm` names the local model (all-MiniLM-L6-v2) by what it is."""
+        return "local" if value == "minilm" else value
 
     @field_validator("redis_url")
     @classmethod

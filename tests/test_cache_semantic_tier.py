@@ -255,6 +255,7 @@ def test_dense_vectors_answer_as_the_sparse_index_does() -> None:
     pytest.param(True, "on", id="the old true is on"),
     pytest.param(False, "off", id="the old false is off"),
     pytest.param("shadow", "shadow", id="shadow"),
+    pytest.param("true", "on", id="true from the environment is on"),
 ])
 def test_cache_semantic_reads_its_modes_and_the_old_boolean(given: object, mode: str) -> None:
     assert CacheSettings.model_validate({"semantic": given}).semantic == mode
@@ -271,6 +272,11 @@ def test_the_remote_embedder_needs_its_url() -> None:
         CacheSettings.model_validate({"embedder": "openai"})
     assert CacheSettings.model_validate(
         {"embedder": "openai", "embedder_url": "http://127.0.0.1:9/v1"}).embedder == "openai"
+
+
+@pytest.mark.parametrize("name", ["local", "minilm"])
+def test_the_local_model_answers_to_its_own_name_too(name: str) -> None:
+    assert CacheSettings.model_validate({"embedder": name}).embedder == "local"
 
 
 def test_the_defaults_are_semantic_off_and_temperature_zero() -> None:
