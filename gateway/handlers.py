@@ -14,17 +14,31 @@ from aiohttp import web
 from gateway.admission import GATE
 from gateway.cache.http import admin_cache, admin_cache_flush, admin_cache_shadow
 from gateway.complete import chat_completions, completions
+from gateway.errors import ModelNotFound
 from gateway.keys import CLOCK, FLEET, MODEL_ROUTES, SETTINGS, STARTED_AT
 from gateway.schemas import model_list
 
 JSON = "application/json"
 
 
+def _model_names(app: web.Application) -> set[str]:
+    """What `GET /v1/models` lists: the healthy backends' models, the aliases and the routes."""
+    routes = app[MODEL_ROUTES]
+    return set(app[FLEET].healthy_models()) | set(app[SETTINGS].model_aliases) | set(routes)
+
+
 async def list_models(request: web.Request) -> web.Response:
     app = request.app
-    routes = app[MODEL_ROUTES]
-    names = set(app[FLEET].healthy_models()) | set(app[SETTINGS].model_aliases) | set(routes)
-    return _json(model_list(sorted(names), created=app[STARTED_AT]))
+    return _json(model_list(sorted(_model_names(app)), created=app[STARTED_AT]))
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    """`GET /v1/models/{id}`: one entry of the list, or 404 `model_not_found`."""
+    app = request.app
+    name = request.match_info["model"]
+    if name not in _model_names(app):
+        raise ModelNotFound(f"the model {name!r} does not exist", param="model")
+    return _json(model_list([name], created=app[STARTED_AT])["data"][0])
 
 
 async def health(request: web.Request) -> web.Response:
@@ -58,6 +72,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", retrieve_model)  # ids may hold a slash
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/admin/backends", admin_backends)

@@ -114,6 +114,16 @@ async def test_models_lists_served_models_and_aliases(client: AsyncOpenAI) -> No
     assert ids == sorted([MODEL, ALIAS])
 
 
+async def test_one_model_is_retrieved_by_its_id_and_an_unknown_one_is_404(
+        client: AsyncOpenAI) -> None:
+    for name in (MODEL, ALIAS):
+        model = await client.models.retrieve(name)
+        assert (model.id, model.object, model.owned_by) == (name, "model", "kvgate")
+    with pytest.raises(openai.NotFoundError) as info:
+        await client.models.retrieve("no-such-model")
+    assert info.value.code == "model_not_found"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "param"),
     [
