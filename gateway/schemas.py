@@ -18,6 +18,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 
@@ -32,9 +33,20 @@ class StreamOptions(_Open):
     include_usage: StrictBool | None = None
 
 
+# The roles OpenAI's chat API accepts ("function" is its deprecated form of "tool").
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
 class ChatMessage(_Open):
     role: StrictStr = Field(min_length=1)
     content: Any = None
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, value: str) -> str:
+        if value not in ROLES:
+            raise ValueError(f"must be one of {', '.join(ROLES)}, not {value!r}")
+        return value
 
     @field_validator("content")
     @classmethod
@@ -52,6 +64,19 @@ class _Completion(_Open):
     stream_options: StreamOptions | None = None
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     n: StrictInt | None = Field(default=None, ge=1)
+    temperature: float | None = None  # 0 to 2, as OpenAI takes it
+    top_p: float | None = None  # 0 to 1
+    seed: StrictInt | None = None
+
+    @field_validator("temperature", "top_p", mode="before")
+    @classmethod
+    def _sampling_range(cls, value: Any, info: ValidationInfo) -> Any:
+        high = 2 if info.field_name == "temperature" else 1
+        if value is None:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= high:
+            raise ValueError(f"must be a number from 0 to {high}, not {value!r}")
+        return value
 
     @property
     def include_usage(self) -> bool:
