@@ -11,9 +11,12 @@ a gateway would, each under its own `asyncio.run`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -428,6 +431,27 @@ def test_a_redis_url_it_cannot_read_exits_2(kvgate: Kvgate) -> None:
     run = kvgate("stats", "--redis", "mysql://127.0.0.1/0")
     assert (run.code, run.out) == (2, "")
     assert "--redis 'mysql://127.0.0.1/0'" in one_line(run.err)
+
+
+def test_a_server_that_is_not_redis_is_one_line_and_exit_1(kvgate: Kvgate) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        def answer_as_http() -> None:
+            with contextlib.suppress(OSError):
+                conn, _ = listener.accept()
+                with conn:
+                    conn.recv(1024)
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+        thread = threading.Thread(target=answer_as_http, daemon=True)
+        thread.start()
+        run = kvgate("stats", "--redis", f"redis://127.0.0.1:{port}/0")
+        thread.join(timeout=10)
+    assert (run.code, run.out) == (1, "")
+    assert "does not answer as Redis does" in one_line(run.err)
 
 
 # the entry point

@@ -280,6 +280,10 @@ async def _run(action: Action, args: argparse.Namespace, ttl: float | None) -> i
         print(f"kvgate cache {args.action}: cannot reach Redis at {args.redis}: {exc}",
               file=sys.stderr)
         return 1
+    except redis.exceptions.RedisError as exc:  # something answers there, but not as Redis
+        print(f"kvgate cache {args.action}: the server at {args.redis} does not answer as Redis "
+              f"does: {exc}", file=sys.stderr)
+        return 1
     finally:
         await store.close()
     return 0
