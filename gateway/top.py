@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+PIPED_WIDTH = 160  # columns when the output is not a terminal
 WINDOW_S = 60.0
 BAR_WIDTH = 24
 QUANTILES = (0.5, 0.9, 0.99)
@@ -219,8 +220,11 @@ def _console(args: argparse.Namespace) -> Console:
         raise UsageError(
             "kvgate top needs the 'rich' package: pip install 'kvgate[top]'"
         ) from exc
+    width = args.width
+    if width is None and not sys.stdout.isatty():
+        width = PIPED_WIDTH  # piped: every column whole, not the 80 a pipe would be given
     return Console(
-        width=args.width,
+        width=width,
         force_terminal=True if args.color == "always" else None,
         no_color=args.color == "never",
         highlight=False,
@@ -261,7 +265,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "top",
         help="live view of a running gateway",
         description="Every backend's KV cache, running and waiting sequences, the gateway queue, "
-        "TTFT/TPOT percentiles over the last minute, cache hit rate and small-model share.",
+        "TTFT/TPOT percentiles over the last minute (with --once: since the gateway started), "
+        "cache hit rate and small-model share.",
     )
     parser.add_argument("--url", default=DEFAULT_URL, help=f"the gateway (default {DEFAULT_URL})")
     parser.add_argument(
@@ -269,6 +274,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--once", action="store_true", help="render one frame and exit")
     parser.add_argument("--admin-key", help="sent as a bearer token, when keys are configured")
-    parser.add_argument("--width", type=int, help="columns (default: the terminal's)")
+    parser.add_argument("--width", type=int,
+                        help=f"columns (default: the terminal's; {PIPED_WIDTH} when piped)")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     parser.set_defaults(func=run)

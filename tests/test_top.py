@@ -270,6 +270,14 @@ async def test_top_once_renders_the_fleet_and_the_request_figures(
         assert " up " in row and "ago" in row and ("░" in row or "█" in row)
 
 
+async def test_piped_without_a_width_no_column_is_cut(loaded_gateway: tuple[str, int]) -> None:
+    url, _ = loaded_gateway
+    code, out, err = await top_once("--url", url)  # stdout is a pipe, not a terminal
+    assert code == 0, err
+    assert "…" not in out  # rich marks a cut cell with an ellipsis
+    assert f"kvgate top {url}" in out.splitlines()[0]
+
+
 async def test_top_once_fails_with_one_line_when_the_gateway_is_unreachable() -> None:
     async with running_sim(time_scale=50) as sim:  # a live port that is not a gateway
         code, out, err = await top_once("--url", sim)
