@@ -158,12 +158,11 @@ class Relay:
             # Closing (not releasing) a connection whose body was not read to the end is what
             # makes the backend abort the request; after a complete body it goes to the pool.
             # An upstream carried on for followers is its task's to close.
-            if upstream in self._carried:
-                pass
-            elif upstream.content.at_eof():
-                upstream.release()
-            else:
-                upstream.close()
+            if upstream not in self._carried:
+                if upstream.content.at_eof():
+                    upstream.release()
+                else:
+                    upstream.close()
 
     def _connection_failed(self, backend_id: str, exc: BaseException) -> Retry:
         self._fleet.record_failure(backend_id, self._clock())

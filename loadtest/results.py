@@ -165,11 +165,9 @@ def command(module: str, argv: Sequence[str]) -> str:
     for arg in argv:
         if skip:
             skip = False
-        elif arg == "--no-record" or arg.startswith("--results-dir="):
-            pass
         elif arg == "--results-dir":
-            skip = True
-        else:
+            skip = True  # and its value, next
+        elif arg != "--no-record" and not arg.startswith("--results-dir="):
             kept.append(arg)
     return shlex.join([".venv/bin/python", "-m", module, *kept])
 

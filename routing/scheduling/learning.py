@@ -29,7 +29,20 @@ class Learner(Protocol):
     def finished(self, dispatch: Dispatch, completion: Completion | None) -> None: ...
 
 
-class PrefixLearner:
+class Moments:
+    """A learner's three moments, each learning nothing unless the learner overrides it."""
+
+    def dispatched(self, dispatch: Dispatch, uncached_tokens: int, now: float) -> None:
+        """The request went to `dispatch.backend_id` at `now`."""
+
+    def first_token(self, dispatch: Dispatch, now: float) -> None:
+        """The attempt's first token arrived at `now`."""
+
+    def finished(self, dispatch: Dispatch, completion: Completion | None) -> None:
+        """The attempt ended; `completion` is what the backend reported, if it ended whole."""
+
+
+class PrefixLearner(Moments):
     def __init__(self, index: PrefixIndex) -> None:
         self.index = index
 
@@ -37,14 +50,8 @@ class PrefixLearner:
         if dispatch.chain.blocks:
             self.index.record(dispatch.backend_id, dispatch.chain)
 
-    def first_token(self, dispatch: Dispatch, now: float) -> None:
-        pass
 
-    def finished(self, dispatch: Dispatch, completion: Completion | None) -> None:
-        pass
-
-
-class SessionTable:
+class SessionTable(Moments):
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError("the session table needs room for one session")
@@ -62,14 +69,8 @@ class SessionTable:
             if len(self._last) > self._capacity:
                 self._last.popitem(last=False)
 
-    def first_token(self, dispatch: Dispatch, now: float) -> None:
-        pass
 
-    def finished(self, dispatch: Dispatch, completion: Completion | None) -> None:
-        pass
-
-
-class WorkLearner:
+class WorkLearner(Moments):
     def __init__(self, models: BackendModels) -> None:
         self._models = models
 
@@ -78,19 +79,15 @@ class WorkLearner:
         state.work.dispatched(now, uncached_tokens, dispatch.context_tokens,
                               state.profile.prefill_tokens_per_s)
 
-    def first_token(self, dispatch: Dispatch, now: float) -> None:
-        pass
 
     def finished(self, dispatch: Dispatch, completion: Completion | None) -> None:
         self._models.work_of(dispatch.backend_id).finished(dispatch.context_tokens)
 
 
-class SpeedLearner:
+class SpeedLearner(Moments):
     def __init__(self, models: BackendModels) -> None:
         self._models = models
 
-    def dispatched(self, dispatch: Dispatch, uncached_tokens: int, now: float) -> None:
-        pass
 
     def first_token(self, dispatch: Dispatch, now: float) -> None:
         pred = dispatch.prediction
@@ -113,15 +110,10 @@ class SpeedLearner:
             self._models.replies[backend] = state.estimator.replies
 
 
-class CostLearner:
+class CostLearner(Moments):
     def __init__(self, cost_model: CostModel) -> None:
         self._cost_model = cost_model
 
-    def dispatched(self, dispatch: Dispatch, uncached_tokens: int, now: float) -> None:
-        pass
-
-    def first_token(self, dispatch: Dispatch, now: float) -> None:
-        pass
 
     def finished(self, dispatch: Dispatch, completion: Completion | None) -> None:
         if completion is None:
