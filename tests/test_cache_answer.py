@@ -186,6 +186,15 @@ def test_render_json_is_openais_text_completion_body_without_unknown_usage() -> 
         "choices": [{"index": 0, "text": " world", "logprobs": None, "finish_reason": "length"}]}
 
 
+def test_a_replay_names_the_weights_that_wrote_the_answer() -> None:
+    answer = CachedAnswer("chat", MODEL, "Hi there.", "stop", 9, 3, fingerprint="fp_v2")
+    assert orjson.loads(render_json(answer, response_id="r", created=1))[
+        "system_fingerprint"] == "fp_v2"
+    events = render_events(answer, response_id="r", created=1, include_usage=True)
+    chunks = [orjson.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
+    assert {chunk["system_fingerprint"] for chunk in chunks} == {"fp_v2"}
+
+
 @pytest.mark.parametrize("answer", ANSWERS)
 def test_a_rendered_body_reads_back_as_the_same_answer(answer: CachedAnswer) -> None:
     rendered = render_json(answer, response_id="r", created=1)

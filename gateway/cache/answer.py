@@ -197,6 +197,8 @@ def render_json(answer: CachedAnswer, *, response_id: str, created: int) -> byte
                   "finish_reason": answer.finish_reason}
     body: dict[str, Any] = {"id": response_id, "object": obj, "created": created,
                             "model": answer.model, "choices": [choice]}
+    if answer.fingerprint is not None:  # the weights that wrote it, as the backend said
+        body["system_fingerprint"] = answer.fingerprint
     usage = usage_of(answer)
     if usage is not None:
         body["usage"] = usage
@@ -212,11 +214,13 @@ class EventWriter:
     __slots__ = ("_chat", "_head", "_include_usage")
 
     def __init__(self, kind: Kind, model: str, *, response_id: str, created: int,
-                 include_usage: bool) -> None:
+                 include_usage: bool, fingerprint: str | None = None) -> None:
         self._chat = kind == "chat"
         self._head: dict[str, Any] = {
             "id": response_id, "object": "chat.completion.chunk" if self._chat
             else "text_completion", "created": created, "model": model}
+        if fingerprint is not None:
+            self._head["system_fingerprint"] = fingerprint
         self._include_usage = include_usage
 
     def start(self) -> bytes:
@@ -254,7 +258,7 @@ def render_events(answer: CachedAnswer, *, response_id: str, created: int,
     """The OpenAI event stream for `answer` (`EventWriter`), one SSE event per item, ending with
     `[DONE]`: a word or so of text per event."""
     writer = EventWriter(answer.kind, answer.model, response_id=response_id, created=created,
-                         include_usage=include_usage)
+                         include_usage=include_usage, fingerprint=answer.fingerprint)
     start = writer.start()
     return ([start] if start else []) + [writer.piece(piece) for piece in split_text(answer.text)] \
         + writer.end(answer)
