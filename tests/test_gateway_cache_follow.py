@@ -53,23 +53,25 @@ def events(raw: bytes) -> list[Any]:
     return [orjson.loads(f) for f in frames[:-1]]
 
 
-async def aborted(http: aiohttp.ClientSession, sim: str) -> float:
-    async with http.get(sim + "/metrics") as resp:
+async def counted(http: aiohttp.ClientSession, server: str, name: str, label: str,
+                  value: str) -> float:
+    """The sum of `server`'s Prometheus samples `name` whose `label` is `value`."""
+    async with http.get(server + "/metrics") as resp:
         text = await resp.text()
     return sum(sample.value for family in text_string_to_metric_families(text)
                for sample in family.samples
-               if sample.name == "vllm:request_success_total"
-               and sample.labels.get("finished_reason") == "abort")
+               if sample.name == name and sample.labels.get(label) == value)
+
+
+async def aborted(http: aiohttp.ClientSession, sim: str) -> float:
+    """Requests the simulator aborted (its client, the gateway, went away)."""
+    return await counted(http, sim, "vllm:request_success_total", "finished_reason", "abort")
 
 
 async def client_closed(http: aiohttp.ClientSession, url: str) -> float:
     """Completion requests the gateway recorded as ended by their client."""
-    async with http.get(url + "/metrics") as resp:
-        text = await resp.text()
-    return sum(sample.value for family in text_string_to_metric_families(text)
-               for sample in family.samples
-               if sample.name == "gen_ai_server_request_duration_seconds_count"
-               and sample.labels.get("error_type") == "client_closed")
+    return await counted(http, url, "gen_ai_server_request_duration_seconds_count",
+                         "error_type", "client_closed")
 
 
 async def inflight(http: aiohttp.ClientSession, url: str) -> int:
