@@ -40,8 +40,7 @@ from gateway.routing_settings import (
     SloSettings,
     policy_context,
 )
-from gateway.server_settings import ServerSettings as ServerSettings
-from gateway.server_settings import TelemetryConfig as TelemetryConfig
+from gateway.server_settings import HealthSettings, ServerSettings, TelemetryConfig
 from routing.model_select import DEFAULT_HARD_MARKERS, SmallModelRoute
 from routing.policies import build_router
 from routing.state import BackendSpec
@@ -231,6 +230,8 @@ class Settings(_Section):
     server: ServerSettings = Field(default=ServerSettings(), description="The HTTP server.")
     backends: tuple[BackendSettings, ...] = Field(
         default=(), description="The inference servers, one entry each.")
+    health: HealthSettings = Field(default=HealthSettings(),
+                                   description="Passive outlier ejection of backends.")
     model_aliases: dict[str, str] = Field(
         default_factory=dict,
         description="Model names clients may send, each mapped to a model a backend serves "

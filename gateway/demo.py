@@ -25,11 +25,11 @@ from gateway.backend_settings import BackendSettings
 from gateway.cli import UsageError
 from gateway.config import (
     CacheSettings,
-    ServerSettings,
     Settings,
     SmallModelRouteSettings,
 )
 from gateway.serve import LOG_LEVELS, configure_logging, run_on_uvloop, running_gateway
+from gateway.server_settings import ServerSettings
 from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS, SMALL_PRESET
 

@@ -50,8 +50,10 @@ log = logging.getLogger("kvgate.gateway")
 class HealthView(Protocol):
     """What an attempt tells routing.fleet.Fleet about its backend."""
 
-    def record_failure(self, backend_id: str, now: float) -> None: ...
-    def record_success(self, backend_id: str, now: float) -> None: ...
+    def record_request_success(self, backend_id: str, now: float) -> None: ...
+    def record_request_failure(self, backend_id: str, now: float, reason: str) -> None: ...
+    def record_unreachable(self, backend_id: str, now: float) -> None: ...
+    def hold_off(self, backend_id: str, until: float) -> None: ...
 
 
 class LineTap(Protocol):
@@ -165,10 +167,14 @@ class Relay:
                     upstream.close()
 
     def _connection_failed(self, backend_id: str, exc: BaseException) -> Retry:
-        self._fleet.record_failure(backend_id, self._clock())
+        if isinstance(exc, aiohttp.ClientConnectorError):  # refused, or no route to it
+            self._fleet.record_unreachable(backend_id, self._clock())
+        else:  # reset, or closed before answering
+            self._fleet.record_request_failure(backend_id, self._clock(), "reset")
         return Retry(UpstreamUnreachable(f"backend {backend_id} unreachable: {_describe(exc)}"))
 
     def _timed_out(self, backend_id: str) -> UpstreamTimeout:
+        self._fleet.record_request_failure(backend_id, self._clock(), "timeout")
         return UpstreamTimeout(
             f"backend {backend_id} sent nothing within {self._first_byte_timeout:g} s"
         )
@@ -196,10 +202,16 @@ class Relay:
                 "x-kvgate-model": call.model,
             },
         )
+        now = self._clock()
+        held = retry_after_s(upstream.headers.get("Retry-After")) if status in (429, 503) else None
+        if held is not None:  # the backend asked for a pause: no traffic, not a fault
+            self._fleet.hold_off(backend_id, now + held)
+        elif status >= 500:
+            self._fleet.record_request_failure(backend_id, now, "status_5xx")
+        else:
+            self._fleet.record_request_success(backend_id, now)
         if status in RETRY_STATUSES:
-            self._fleet.record_failure(backend_id, self._clock())
             return Retry(response)
-        self._fleet.record_success(backend_id, self._clock())
         if status != 200:
             return Relayed(response, status, error=None if status < 400 else "status")
         answer = _decoded(body) if call.tap is not None or b'"usage"' in body else None
@@ -221,7 +233,7 @@ class Relay:
             raise self._timed_out(backend_id) from exc
         if not first:
             return self._connection_failed(backend_id, ConnectionError("empty stream"))
-        self._fleet.record_success(backend_id, self._clock())
+        self._fleet.record_request_success(backend_id, self._clock())
 
         response = web.StreamResponse(
             headers={
@@ -247,7 +259,7 @@ class Relay:
                     chunk = await content.readany()
                 except aiohttp.ClientError as exc:
                     failure = f"backend {backend_id} failed mid-stream: {_describe(exc)}"
-                    self._fleet.record_failure(backend_id, self._clock())
+                    self._fleet.record_request_failure(backend_id, self._clock(), "reset")
                     break
                 if not chunk:
                     break
@@ -331,6 +343,20 @@ class Relay:
             else:
                 upstream.close()  # the last follower left: the backend aborts
             tap.carried_end(observer.usage, whole=whole)
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A Retry-After header's delay in seconds (delta-seconds form; an HTTP date or garbage is
+    None), capped at an hour so a lying backend cannot park itself for a day."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    if seconds != seconds or seconds < 0:  # NaN or negative
+        return None
+    return min(seconds, 3600.0)
 
 
 def _decoded(body: bytes) -> dict[str, Any] | None:

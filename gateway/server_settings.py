@@ -31,10 +31,15 @@ class ServerSettings(_Section):
     connect_timeout_s: float = Field(default=5.0, gt=0,
                                      description="Connecting to a backend, at most.")
     first_byte_timeout_s: float = Field(
-        default=300.0, gt=0,
-        description="From sending a request to a backend to its response headers and, for "
-        "streams, the first body chunk. It covers the backend's own queue and prefill, so it is "
-        "generous; streams have no total timeout.")
+        default=60.0, gt=0,
+        description="Per attempt: from sending a request to a backend to its response headers "
+        "and, for streams, the first body chunk (it covers the backend's own queue and prefill). "
+        "Past it the attempt is aborted upstream and the request tried once on another backend.")
+    stream_idle_timeout_s: float = Field(
+        default=60.0, gt=0,
+        description="A stream with no bytes from its backend for this long is aborted upstream "
+        "and ended for the client with an SSE error event and `[DONE]`; streams have no total "
+        "timeout.")
     max_upstream_connections: int = Field(
         default=8192, ge=0,
         description="Upstream connections open at once across all backends (one per in-flight "
@@ -45,13 +50,59 @@ class ServerSettings(_Section):
         "`models`.")
     shutdown_timeout_s: float = Field(
         default=10.0, ge=0,
-        description="On SIGINT or SIGTERM, how long requests in flight may take to finish.")
+        description="On SIGINT or SIGTERM, after the drain grace: how long requests in flight may "
+        "take to finish; streams still running then end with an SSE error event and `[DONE]`.")
+    drain_grace_s: float = Field(
+        default=5.0, ge=0,
+        description="On SIGTERM, `/ready` answers 503 at once and the listener keeps accepting "
+        "for this long (new completions get 503 with Retry-After), so load balancers see the "
+        "503 before connections are refused.")
+    client_header_timeout_s: float = Field(
+        default=10.0, gt=0,
+        description="A client's whole request head must have arrived within this, or its "
+        "connection is closed.")
+    client_body_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="A client's whole request body must have arrived within this, or its "
+        "connection is closed.")
+    client_write_timeout_s: float = Field(
+        default=60.0, gt=0,
+        description="A client that reads nothing of its stream for this long is cut off and "
+        "the upstream aborted.")
+    keepalive_timeout_s: float = Field(
+        default=75.0, ge=0,
+        description="Idle keep-alive client connections are closed after this.")
+    max_connections: int = Field(
+        default=10_000, ge=1,
+        description="Open client connections at most; beyond it new connections wait in the "
+        "listen backlog.")
+    max_messages: int = Field(
+        default=10_000, ge=1,
+        description="Messages in one conversation at most (400 beyond it).")
     stream_usage: bool = Field(
         default=True,
         description="Ask backends for usage on every stream (`stream_options.include_usage`), "
         "dropping the usage event from streams whose client did not ask for it: output lengths "
         "and each backend's speed are learned from it. false sends the client's bytes unchanged, "
         "for a server that refuses the field; streams are then timed per event.")
+
+class HealthSettings(_Section):
+    """Passive outlier ejection: what requests' outcomes say of a backend's health. Metrics
+    freshness is apart from it: a backend whose `/metrics` is stale or broken but which answers
+    requests stays in rotation, routed by the gateway's own ledger."""
+
+    consecutive_failures: int = Field(
+        default=5, ge=1,
+        description="Failures in a row (5xx, timeouts, resets; never a 4xx or a client "
+        "disconnect) that eject a backend.")
+    base_ejection_s: float = Field(
+        default=30.0, gt=0,
+        description="An ejection lasts this times the number of the backend's ejections so far.")
+    max_ejected_fraction: float = Field(
+        default=0.5, ge=0.0, le=1.0,
+        description="At most this share of a model's answering backends is ejected at once "
+        "(a backend that refuses connections is out whatever the cap).")
+
 
 class TelemetryConfig(_Section):
     """Metrics, traces and the access log. Metrics are always on (`GET /metrics`); traces are

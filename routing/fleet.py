@@ -30,6 +30,10 @@ from dataclasses import dataclass, field
 from routing.ledger import Lease, Ledger
 from routing.state import BackendSnapshot, BackendSpec, Candidate
 
+# Why a request failed at a backend: a 5xx answer, no first byte in time, a connection reset or
+# closed mid-answer, a stream idle past its timeout.
+FAILURE_REASONS = frozenset({"status_5xx", "timeout", "reset", "stream_idle"})
+
 
 @dataclass(slots=True)
 class _Backend:
@@ -38,6 +42,7 @@ class _Backend:
     snapshot: BackendSnapshot | None = None
     healthy: bool = False
     failures: int = 0  # consecutive
+    held_until: float = 0.0  # a 429/503 Retry-After: no new traffic before then
     ledger: Ledger = field(default_factory=Ledger)
     # The last Candidate built and the ledger version it read: a Candidate is a pure function of
     # the spec, health, snapshot, staleness and ledger, and between two decisions most backends
@@ -126,6 +131,32 @@ class Fleet:
         backend.healthy = True
         backend.failures = 0
 
+    # What requests' outcomes say (the relay's reports; scrapes report above).
+
+    def record_request_success(self, backend_id: str, now: float) -> None:
+        """A backend answered a request (any status below 500 but 429, or a whole stream)."""
+        self.record_success(backend_id, now)
+
+    def record_request_failure(self, backend_id: str, now: float, reason: str) -> None:
+        """A request failed at the backend: `reason` is one of FAILURE_REASONS. Never a 4xx,
+        never a client disconnect."""
+        if reason not in FAILURE_REASONS:
+            raise ValueError(f"unknown failure reason {reason!r}")
+        self.record_failure(backend_id, now)
+
+    def record_unreachable(self, backend_id: str, now: float) -> None:
+        """A connection to the backend was refused or could not be made."""
+        self.record_failure(backend_id, now)
+
+    def hold_off(self, backend_id: str, until: float) -> None:
+        """The backend asked for no traffic before `until` (a 429 or 503 with Retry-After): it
+        is no candidate until then, without being counted unhealthy."""
+        backend = self._backends[backend_id]
+        backend.held_until = max(backend.held_until, until)
+
+    def held_until(self, backend_id: str) -> float:
+        return self._backends[backend_id].held_until
+
     def is_healthy(self, backend_id: str) -> bool:
         return self._backends[backend_id].healthy
 
@@ -163,10 +194,12 @@ class Fleet:
         return view
 
     def candidates(self, model: str | None, now: float) -> list[Candidate]:
-        """Healthy backends serving `model` (any model when None), in configuration order."""
+        """Healthy backends serving `model` (any model when None), in configuration order;
+        a backend held off (`hold_off`) is none until its time has passed."""
         out: list[Candidate] = []
         for backend in self._backends.values():  # configuration order
-            if backend.healthy and (model is None or model in self._models(backend)):
+            if (backend.healthy and backend.held_until <= now
+                    and (model is None or model in self._models(backend))):
                 out.append(self._candidate(backend, now))
         return out
 

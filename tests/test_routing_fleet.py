@@ -322,3 +322,26 @@ def test_admin_rows_report_the_snapshot_the_ledger_and_the_poll_age() -> None:
 def test_backend_ids_must_be_unique() -> None:
     with pytest.raises(ValueError, match="unique"):
         Fleet([spec("a"), spec("a")])
+
+
+def test_a_backend_held_off_by_retry_after_is_no_candidate_until_then_and_stays_healthy() -> None:
+    f = fleet("a", "b")
+    f.record_scrape("a", snapshot(0.0))
+    f.record_scrape("b", snapshot(0.0))
+    f.hold_off("a", until=7.0)
+    assert [c.id for c in f.candidates("m", 0.5)] == ["b"]
+    assert f.is_healthy("a")
+    assert [c.id for c in f.candidates("m", 7.0)] == ["a", "b"]
+
+
+def test_a_later_hold_off_never_shortens_an_earlier_one() -> None:
+    f = fleet("a")
+    f.hold_off("a", until=9.0)
+    f.hold_off("a", until=3.0)
+    assert f.held_until("a") == 9.0
+
+
+def test_a_request_failure_names_a_known_reason() -> None:
+    f = fleet("a")
+    with pytest.raises(ValueError, match="unknown failure reason"):
+        f.record_request_failure("a", 0.0, "status_4xx")
