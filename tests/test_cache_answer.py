@@ -19,6 +19,7 @@ from gateway.cache.answer import (
     answer_from_payload,
     render_events,
     render_json,
+    split_text,
 )
 from gateway.sse import StreamObserver
 from tests.paths import FIXTURES
@@ -76,6 +77,12 @@ def pieces_of(kind: Kind, chunks: list[dict[str, Any]]) -> list[str]:
     choices = [c["choices"][0] for c in chunks if c["choices"]]
     texts = [c["delta"].get("content", "") if kind == "chat" else c["text"] for c in choices]
     return [t for t in texts if t]
+
+
+def streamed(answer: CachedAnswer) -> CachedAnswer:
+    """`answer` as collected from a stream of its word pieces: the pieces' lengths kept."""
+    cuts = tuple(len(piece) for piece in split_text(answer.text))
+    return dataclasses.replace(answer, cuts=cuts or None)
 
 
 def collect(kind: Kind, *feeds: bytes) -> CachedAnswer | None:
@@ -280,8 +287,8 @@ def test_the_gateways_stream_observer_reads_a_rendered_stream_as_complete(
 def test_collecting_a_rendered_stream_gives_back_the_answer(
         answer: CachedAnswer, include_usage: bool) -> None:
     events = render_events(answer, response_id="r", created=1, include_usage=include_usage)
-    expected = answer if include_usage else dataclasses.replace(
-        answer, prompt_tokens=None, completion_tokens=None)
+    expected = streamed(answer) if include_usage else dataclasses.replace(
+        streamed(answer), prompt_tokens=None, completion_tokens=None)
     assert collect(answer.kind, b"".join(events)) == expected
     assert collect(answer.kind, *events) == expected
 
@@ -294,7 +301,7 @@ def test_collecting_gives_the_same_answer_however_the_lines_are_grouped(
     lines = stream.splitlines(keepends=True)
     cuts = sorted(data.draw(st.sets(st.integers(1, len(lines) - 1))))
     feeds = [b"".join(lines[a:b]) for a, b in zip([0, *cuts], [*cuts, len(lines)], strict=True)]
-    assert collect(answer.kind, *feeds) == answer
+    assert collect(answer.kind, *feeds) == streamed(answer)
 
 
 @pytest.mark.parametrize("grouping", [pytest.param("whole", id="fed whole"),
@@ -306,7 +313,7 @@ def test_the_real_vllm_stream_is_collected(grouping: str) -> None:
         stream = stream.replace(b"\n", b"\r\n")
     feeds = stream.splitlines(keepends=True) if grouping == "lines" else [stream]
     assert collect("chat", *feeds) == CachedAnswer(
-        "chat", MODEL, "Hello! How can I help?", "stop", 21, 7)
+        "chat", MODEL, "Hello! How can I help?", "stop", 21, 7, cuts=(5, 1, 4, 4, 2, 5, 1))
 
 
 def chunk(choice: dict[str, Any], **extra: Any) -> bytes:
@@ -358,7 +365,7 @@ def test_comment_and_blank_lines_are_ignored_and_empty_tool_calls_are_not_tool_c
               + b"data: " + orjson.dumps({"choices": [], "model": MODEL,
                                           "usage": {"prompt_tokens": 4, "completion_tokens": 2}})
               + b"\n\ndata: [DONE]\n\n")
-    assert collect("chat", stream) == CachedAnswer("chat", MODEL, "Yes.", "stop", 4, 2)
+    assert collect("chat", stream) == CachedAnswer("chat", MODEL, "Yes.", "stop", 4, 2, cuts=(4,))
 
 
 def test_a_completions_stream_is_collected_from_its_text_fields() -> None:
@@ -368,5 +375,30 @@ def test_a_completions_stream_is_collected_from_its_text_fields() -> None:
             {"object": "text_completion", "model": MODEL, "choices": [choice]}) + b"\n\n"
 
     stream = text_chunk(" a", None) + text_chunk(" b", "length") + b"data: [DONE]\n\n"
-    assert collect("text", stream) == CachedAnswer("text", MODEL, " a b", "length", None, None)
+    assert collect("text", stream) == CachedAnswer("text", MODEL, " a b", "length", None, None,
+                                                   cuts=(2, 2))
     assert collect("chat", stream) is None
+
+
+def test_a_replayed_stream_keeps_the_chunk_boundaries_the_backend_streamed() -> None:
+    stream = (delta({"role": "assistant", "content": ""}) + delta({"content": "Hel"})
+              + delta({"content": "lo, w"}) + delta({"content": "orld"}) + delta({}, "stop")
+              + b"data: [DONE]\n\n")
+    answer = collect("chat", stream)
+    assert answer is not None and answer.pieces() == ["Hel", "lo, w", "orld"]
+    replayed = render_events(CachedAnswer.from_bytes(answer.to_bytes()), response_id="r",
+                             created=1, include_usage=False)
+    texts = [c["choices"][0]["delta"].get("content") for c in events_of(b"".join(replayed))]
+    assert texts == ["", "Hel", "lo, w", "orld", None]
+
+
+@pytest.mark.parametrize("cuts", [
+    pytest.param([2, 2], id="cuts that do not add up to the text"),
+    pytest.param([0, 5], id="an empty cut"),
+    pytest.param(["5"], id="a cut that is not a number"),
+    pytest.param(True, id="not a list"),
+])
+def test_stored_cuts_that_do_not_tile_the_text_replay_split_by_words(cuts: object) -> None:
+    raw = orjson.loads(CachedAnswer("chat", MODEL, "Hi you", "stop", 1, 2).to_bytes())
+    answer = CachedAnswer.from_bytes(orjson.dumps({**raw, "cuts": cuts}))
+    assert answer.cuts is None and answer.pieces() == ["Hi ", "you"]

@@ -122,9 +122,16 @@ async def test_shadow_mode_serves_nothing_and_its_report_counts_the_would_be_hit
         assert (counters["semantic"], counters["miss"]) == (0, 2)
 
         where = ["--redis", redis_url] if store == "redis" else ["--gateway", url]
-        capsys.readouterr()
-        code = await asyncio.to_thread(main, ["cache", "shadow-report", *where, "--json"])
-        bands = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+        # The record reaches Redis by a write of its own after the gateway holds it: poll.
+        deadline = asyncio.get_running_loop().time() + 10.0
+        while True:
+            capsys.readouterr()
+            code = await asyncio.to_thread(main, ["cache", "shadow-report", *where, "--json"])
+            bands = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+            known = sum(band["known"] for band in bands)
+            if code != 0 or known >= 1 or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.05)
         assert code == 0
         assert sum(band["would_hit"] for band in bands) == 1
-        assert sum(band["known"] for band in bands) == 1
+        assert known == 1

@@ -43,13 +43,29 @@ class CachedAnswer:
     prompt_tokens: int | None
     completion_tokens: int | None
     fingerprint: str | None = None  # the backend's system_fingerprint, when it sent one
+    # The lengths (in characters) of the text pieces a stream carried, in order, so a replay
+    # keeps the backend's own chunk boundaries; None for an answer that came whole.
+    cuts: tuple[int, ...] | None = None
 
     def to_bytes(self) -> bytes:
         return orjson.dumps({
             "kind": self.kind, "model": self.model, "text": self.text,
             "finish_reason": self.finish_reason, "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens, "fingerprint": self.fingerprint,
+            "cuts": self.cuts,
         })
+
+    def pieces(self) -> list[str]:
+        """The text in the pieces a replay sends: the stream's own when known, else a word
+        with the whitespace after it each; "".join(pieces) == text."""
+        cuts, text = self.cuts, self.text
+        if cuts is None:
+            return split_text(text)
+        out, at = [], 0
+        for cut in cuts:
+            out.append(text[at:at + cut])
+            at += cut
+        return out
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> CachedAnswer:
@@ -72,7 +88,18 @@ class CachedAnswer:
         fingerprint = data.get("fingerprint")
         return cls(kind=kind, model=model, text=text, finish_reason=finish_reason,
                    prompt_tokens=counts[0], completion_tokens=counts[1],
-                   fingerprint=fingerprint if isinstance(fingerprint, str) else None)
+                   fingerprint=fingerprint if isinstance(fingerprint, str) else None,
+                   cuts=_cuts_of(data.get("cuts"), text))
+
+
+def _cuts_of(value: object, text: str) -> tuple[int, ...] | None:
+    """Stored cuts that tile `text` exactly, else None (an entry written without them, or one
+    that does not fit its text, replays split by words)."""
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in value):
+        return None
+    return tuple(value) if sum(value) == len(text) else None
 
 
 def answer_from_payload(kind: Kind, data: object) -> CachedAnswer | None:
@@ -171,7 +198,7 @@ def _answer_of(kind: Kind, events: list[Any]) -> CachedAnswer | None:
             if text is UNREPLAYABLE:
                 return None
             seen = True
-            if isinstance(text, str):
+            if isinstance(text, str) and text:
                 pieces.append(text)
             if isinstance(choice.get("finish_reason"), str):
                 finish_reason = choice["finish_reason"]
@@ -181,7 +208,8 @@ def _answer_of(kind: Kind, events: list[Any]) -> CachedAnswer | None:
     return CachedAnswer(kind=kind, model=model, text="".join(pieces), finish_reason=finish_reason,
                         prompt_tokens=_token_count(usage.get("prompt_tokens")),
                         completion_tokens=_token_count(usage.get("completion_tokens")),
-                        fingerprint=fingerprint)
+                        fingerprint=fingerprint,
+                        cuts=tuple(len(piece) for piece in pieces) if pieces else None)
 
 
 def render_json(answer: CachedAnswer, *, response_id: str, created: int) -> bytes:
@@ -256,11 +284,11 @@ class EventWriter:
 def render_events(answer: CachedAnswer, *, response_id: str, created: int,
                   include_usage: bool) -> list[bytes]:
     """The OpenAI event stream for `answer` (`EventWriter`), one SSE event per item, ending with
-    `[DONE]`: a word or so of text per event."""
+    `[DONE]`: one event per piece of text the backend streamed (`CachedAnswer.pieces`)."""
     writer = EventWriter(answer.kind, answer.model, response_id=response_id, created=created,
                          include_usage=include_usage, fingerprint=answer.fingerprint)
     start = writer.start()
-    return ([start] if start else []) + [writer.piece(piece) for piece in split_text(answer.text)] \
+    return ([start] if start else []) + [writer.piece(piece) for piece in answer.pieces()] \
         + writer.end(answer)
 
 
