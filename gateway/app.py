@@ -54,7 +54,7 @@ from gateway.proxy import Proxy
 from gateway.relay import Relay
 from gateway.routing_settings import policy_context
 from gateway.telemetry import Telemetry
-from routing.fleet import Fleet
+from routing.fleet import Fleet, OutlierRules
 from routing.policies import build_router
 from routing.poller import Poller, full_every_for
 from routing.state import BackendSpec
@@ -98,10 +98,13 @@ def create_app(
     app[MODEL_ROUTES] = settings.small_model_routes()
     app[CLOCK] = clock
     app[STARTED_AT] = int(time.time())
+    health = settings.health
     app[FLEET] = Fleet(
         settings.backend_specs(),
         max_snapshot_age=routing.max_snapshot_age_s,
-        failure_threshold=routing.failure_threshold,
+        rules=OutlierRules(consecutive_failures=health.consecutive_failures,
+                           base_ejection_s=health.base_ejection_s,
+                           max_ejected_fraction=health.max_ejected_fraction),
     )
     app[ROUTER] = build_router(
         routing.policy, policy_context(routing, settings.slo, settings.advanced, rng))
@@ -183,8 +186,8 @@ async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _backend_health(app: web.Application) -> AsyncIterator[None]:
-    """Discovers every backend's models once at start-up (an answer also marks it healthy), then
-    runs the poller, which keeps health and load snapshots current, for the app's lifetime.
+    """Discovers every backend's models once at start-up (an answer also marks it reachable),
+    then runs the poller, which keeps load snapshots current, for the app's lifetime.
     A backend down at start-up gets its models from its metrics labels once it answers."""
     settings = app[SETTINGS]
     fleet = app[FLEET]
@@ -215,9 +218,17 @@ async def _discover(
             resp.raise_for_status()
             payload = orjson.loads(await resp.read())
         models = tuple(str(entry["id"]) for entry in payload["data"])
-    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
+    except aiohttp.ClientConnectorError as exc:
         log.warning("backend %s (%s): model discovery failed: %s", spec.id, spec.url, exc)
-        fleet.record_failure(spec.id, clock())
+        fleet.record_unreachable(spec.id, clock())
+        return
+    except (aiohttp.ClientResponseError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        # It answered: reachable. Whether it is healthy is for requests' outcomes to say.
+        log.warning("backend %s (%s): model discovery failed: %s", spec.id, spec.url, exc)
+        fleet.record_success(spec.id, clock())
+        return
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("backend %s (%s): model discovery failed: %s", spec.id, spec.url, exc)
         return
     if not spec.models:
         fleet.set_models(spec.id, models)
