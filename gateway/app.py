@@ -54,6 +54,8 @@ from gateway.proxy import Proxy
 from gateway.relay import Relay
 from gateway.routing_settings import policy_context
 from gateway.telemetry import Telemetry
+from gateway.telemetry.health import HealthReport
+from routing import outlier
 from routing.fleet import Fleet, OutlierRules
 from routing.policies import build_router
 from routing.poller import Poller, full_every_for
@@ -111,12 +113,26 @@ def create_app(
     app[GATE] = build_gate(settings, app[FLEET], app[ROUTER], clock)
     app.cleanup_ctx.append(gate_running)
     install_telemetry(app, recorder)
+    fleet = app[FLEET]
+    telemetry.register_backend_health(lambda: health_report(fleet, clock()))
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_backend_health)
     if settings.cache.enabled:
         app.cleanup_ctx.append(cache_running)
     handlers.add_routes(app)
     return app
+
+
+def health_report(fleet: Fleet, now: float) -> HealthReport:
+    """The Fleet's health as the health metrics read it (gateway/telemetry/health.py)."""
+    healths = {spec.id: fleet.health(spec.id) for spec in fleet.specs}
+    return HealthReport(
+        ejected={i: outlier.ejected(h, now) for i, h in healths.items()},
+        held={i: now < h.held_until for i, h in healths.items()},
+        reachable={i: h.reachable for i, h in healths.items()},
+        ejections=dict(fleet.ejection_counts()),
+        capped=dict(fleet.capped_counts()),
+    )
 
 
 @web.middleware

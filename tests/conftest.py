@@ -59,6 +59,7 @@ MODULES = {
     "test_gateway_disconnect": "realtime",
     "test_gateway_errors": "unit",
     "test_gateway_first_token": "realtime",
+    "test_gateway_health_outliers": "loopback",
     "test_gateway_learning": "realtime",
     "test_gateway_proxy": "loopback",
     "test_gateway_ratelimit": "unit",
