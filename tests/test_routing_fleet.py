@@ -1,14 +1,18 @@
-"""The Fleet and its ledger, as rules: health, freshness, models, leases, effective free KV."""
+"""The Fleet and its ledger, as rules: health, freshness, models, leases, effective free KV; and
+freshness as the policies read it (a stale backend is preferred less, never excluded)."""
 
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from routing.dispatch import Dispatch, Dispatcher, Job
 from routing.fleet import Fleet, OutlierRules, effective_free_blocks
+from routing.policies import PolicyContext, build_router
 from routing.state import BackendSnapshot, BackendSpec, Candidate
 
 MAX_AGE = 1.0
@@ -469,3 +473,35 @@ def test_admin_rows_report_an_ejection_and_a_hold_off_in_seconds_from_now() -> N
 def test_backend_ids_must_be_unique() -> None:
     with pytest.raises(ValueError, match="unique"):
         Fleet([spec("a"), spec("a")])
+
+
+# Freshness only affects routing quality.
+
+
+def routed(f: Fleet, policy: str, now: float) -> set[str]:
+    """Where one request goes, under eight seeds (a tie would be broken at random)."""
+    chosen: set[str] = set()
+    for seed in range(8):
+        d = Dispatcher(f, build_router(policy, PolicyContext(rng=random.Random(seed))))
+        out = d.submit(Job("r", "m", "hello there", max_tokens=8), now)
+        assert isinstance(out, Dispatch), out
+        chosen.add(out.backend_id)
+        d.finish(out, now)
+    return chosen
+
+
+@pytest.mark.parametrize("policy", ["cost", "kv_util"])
+@pytest.mark.parametrize("blind", [
+    pytest.param(lambda f: f.record_success("blind", 0.0), id="never scraped"),
+    pytest.param(lambda f: f.record_scrape("blind", snapshot(0.0, free=1000, running=0)),
+                 id="last scraped idle, long ago"),
+])
+def test_a_stale_backend_is_preferred_less_than_a_fresh_one_but_stays_a_candidate(
+    policy: str, blind: Callable[[Fleet], None],
+) -> None:
+    f = fleet("fresh", "blind")
+    blind(f)
+    f.record_scrape("fresh", snapshot(100.0, free=1000, running=0))
+    assert routed(f, policy, 100.0) == {"fresh"}, "at equal load, the fresh one"
+    f.record_scrape("fresh", snapshot(100.0, free=150, running=60, waiting=20))
+    assert routed(f, policy, 100.0) == {"blind"}, "the stale one, once the fresh one is loaded"
