@@ -25,16 +25,16 @@ piece saves, measured, is in docs/design.md (loadtest/bench_scrape.py).
   the caller passes an aiohttp `session`, go through aiohttp (`SessionClient`). Requests ask for
   `Accept-Encoding: identity`: a gzipped payload would cost the backend and the gateway CPU on
   every scrape, to save loopback-cheap bytes.
-- Scrapes report freshness, not health (routing/outlier.py decides health from requests). A
-  scrape that fails (connection refused or reset, timeout, a status other than 200, a body too
-  large, a payload that is not the backend's format) never stops the polling, and the backend's
-  last snapshot just ages; the Fleet is told (`record_scrape_failure`, with whether the backend
-  answered at all: an answer says it is reachable). A refused connection is the one exception:
-  the backend is unreachable (`record_unreachable`), out of rotation until a scrape or a call
-  reaches it again (`scrape_state.failure_kind`). Any other exception is logged and counted as a
-  failure too: the poller must outlive every backend's misbehaviour. `on_error` is told the
-  error's class name: `ScrapeConnectError`, `ScrapeTimeout`, `ScrapeError` (HTTP status, size,
-  malformed answer) or `MetricsError` (not the format), or an unexpected class.
+- Scrapes report freshness, not health (routing/outlier.py decides that from requests). A scrape
+  that fails (connection refused or reset, timeout, a status other than 200, a body too large, a
+  payload that is not the backend's format) never stops the polling, and the last snapshot just
+  ages; the Fleet is told, and whether the backend answered at all (then it is reachable). A
+  refused connection is the exception: the backend is unreachable, out of rotation until a
+  scrape or a call reaches it again (`scrape_state.failure_kind`). Any other exception is logged
+  and counted as a failure too: the poller must outlive every backend's misbehaviour.
+  `on_error` is told the error's class name: `ScrapeConnectError`, `ScrapeTimeout`,
+  `ScrapeError` (HTTP status, size, malformed answer) or `MetricsError` (not the format), or an
+  unexpected class.
 - Backends are scraped every `interval`. After `backoff_after` failed scrapes in a row, a backend
   is probed with exponential backoff (`retry_delay`) until it answers.
 - llama.cpp's KV figures come from `GET /slots`, fetched after its /metrics within the same
@@ -107,6 +107,7 @@ from routing.scrape_state import (
     failure_kind,
     route,
     settle_paths,
+    start_over,
 )
 from routing.state import BackendSnapshot
 
@@ -368,13 +369,7 @@ class Poller:
             what = ("refuses connections: out of rotation until it answers" if kind == UNREACHABLE
                     else "its metrics fail: routed by the gateway's own ledger meanwhile")
             log.warning("backend %s (%s) %s (%s)", spec.id, spec.url, what, why)
-            # When it answers again, it may be another server: filtering gets another try.
-            backend.unfiltered = None
-            backend.tiered = self._full_every > 1
-            family = spec.metrics_format or (
-                backend.last_reading.family if backend.last_reading is not None else None)
-            if family is not None:
-                route(backend, family)
+            start_over(backend, tiered=self._full_every > 1)
         else:
             log.debug("backend %s: scrape failed: %s", spec.id, why)
 

@@ -116,6 +116,17 @@ def settle_paths(backend: ScrapeState, *, answered: bool) -> str | None:
     return None
 
 
+def start_over(backend: ScrapeState, *, tiered: bool) -> None:
+    """The backend's scrapes keep failing: when it answers again it may be another server, so
+    filtering and tiers get another try."""
+    backend.unfiltered = None
+    backend.tiered = tiered
+    family = backend.spec.metrics_format or (
+        backend.last_reading.family if backend.last_reading is not None else None)
+    if family is not None:
+        route(backend, family)
+
+
 def failure_kind(error: BaseException) -> str:
     """What a failed scrape says of the backend: UNREACHABLE when the connection could not be
     made (refused, no route, no such host), ANSWERED when the backend answered (a status other
