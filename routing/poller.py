@@ -93,22 +93,14 @@ from functools import partial
 
 import aiohttp
 
+from routing import scrape_state
 from routing.fleet import Fleet
 from routing.metrics import MetricsError, parse_slots, with_slots
 from routing.metrics.query import METRICS_PATH
 from routing.poll_timing import full_every_for, retry_delay
 from routing.scrape_client import ScrapeError, ScrapeTimeout
 from routing.scrape_session import SessionClient, client_for
-from routing.scrape_state import (
-    ANSWERED,
-    UNREACHABLE,
-    ScrapeState,
-    answer_snapshot,
-    failure_kind,
-    route,
-    settle_paths,
-    start_over,
-)
+from routing.scrape_state import ScrapeState
 from routing.state import BackendSnapshot
 
 __all__ = ["Poller", "full_every_for", "retry_delay"]
@@ -194,7 +186,7 @@ class Poller:
                 stack.push_async_callback(client.close)  # abandons a scrape in flight
                 backend = ScrapeState(spec, client, tiered=self._full_every > 1)
                 if spec.metrics_format is not None:
-                    route(backend, spec.metrics_format)
+                    scrape_state.route(backend, spec.metrics_format)
                 backend.on_metrics = partial(self._on_metrics, backend)
                 backend.on_slots = partial(self._on_slots, backend)
                 backends.append(backend)
@@ -256,7 +248,7 @@ class Poller:
                     return
                 raise result
             try:
-                snapshot, templated = answer_snapshot(
+                snapshot, templated = scrape_state.answer_snapshot(
                     backend, result, self._full_every, templates=self._templates,
                     series_equal=self._series_equal)
                 self.scrapes_templated += templated
@@ -319,7 +311,7 @@ class Poller:
         """Reports the scrape, then sets the backend's next grid point."""
         spec = backend.spec
         try:
-            note = settle_paths(backend, answered=isinstance(outcome, BackendSnapshot))
+            note = scrape_state.settle_paths(backend, answered=isinstance(outcome, BackendSnapshot))
             if note is not None:
                 log.info("backend %s (%s) %s", spec.id, spec.url, note)
             if isinstance(outcome, BackendSnapshot):
@@ -354,11 +346,13 @@ class Poller:
 
     def _failed(self, backend: ScrapeState, exc: Exception) -> None:
         spec = backend.spec
-        kind = failure_kind(exc)
-        if kind == UNREACHABLE:
+        kind = scrape_state.failure_kind(exc)
+        refused = kind == scrape_state.UNREACHABLE
+        if refused:
             self._fleet.record_unreachable(spec.id, self._clock())
         else:
-            self._fleet.record_scrape_failure(spec.id, self._clock(), answered=kind == ANSWERED)
+            answered = kind == scrape_state.ANSWERED
+            self._fleet.record_scrape_failure(spec.id, self._clock(), answered=answered)
         backend.failures += 1
         self.scrapes_failed += 1
         backend.slow = None  # it may answer next as another server: every name, first
@@ -366,10 +360,10 @@ class Poller:
             self._on_error(spec.id, type(exc).__name__)
         why = f"{type(exc).__name__}: {exc}"
         if backend.failures == self._backoff_after:
-            what = ("refuses connections: out of rotation until it answers" if kind == UNREACHABLE
+            what = ("refuses connections: out of rotation until it answers" if refused
                     else "its metrics fail: routed by the gateway's own ledger meanwhile")
             log.warning("backend %s (%s) %s (%s)", spec.id, spec.url, what, why)
-            start_over(backend, tiered=self._full_every > 1)
+            scrape_state.start_over(backend, tiered=self._full_every > 1)
         else:
             log.debug("backend %s: scrape failed: %s", spec.id, why)
 
