@@ -54,7 +54,9 @@ from gateway.proxy import Proxy
 from gateway.relay import Relay
 from gateway.routing_settings import policy_context
 from gateway.telemetry import Telemetry
-from routing.fleet import Fleet
+from gateway.telemetry.health import HealthReport
+from routing import outlier
+from routing.fleet import Fleet, OutlierRules
 from routing.policies import build_router
 from routing.poller import Poller, full_every_for
 from routing.state import BackendSpec
@@ -98,22 +100,39 @@ def create_app(
     app[MODEL_ROUTES] = settings.small_model_routes()
     app[CLOCK] = clock
     app[STARTED_AT] = int(time.time())
+    health = settings.health
     app[FLEET] = Fleet(
         settings.backend_specs(),
         max_snapshot_age=routing.max_snapshot_age_s,
-        failure_threshold=routing.failure_threshold,
+        rules=OutlierRules(consecutive_failures=health.consecutive_failures,
+                           base_ejection_s=health.base_ejection_s,
+                           max_ejected_fraction=health.max_ejected_fraction),
     )
     app[ROUTER] = build_router(
         routing.policy, policy_context(routing, settings.slo, settings.advanced, rng))
     app[GATE] = build_gate(settings, app[FLEET], app[ROUTER], clock)
     app.cleanup_ctx.append(gate_running)
     install_telemetry(app, recorder)
+    fleet = app[FLEET]
+    telemetry.register_backend_health(lambda: health_report(fleet, clock()))
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_backend_health)
     if settings.cache.enabled:
         app.cleanup_ctx.append(cache_running)
     handlers.add_routes(app)
     return app
+
+
+def health_report(fleet: Fleet, now: float) -> HealthReport:
+    """The Fleet's health as the health metrics read it (gateway/telemetry/health.py)."""
+    healths = {spec.id: fleet.health(spec.id) for spec in fleet.specs}
+    return HealthReport(
+        ejected={i: outlier.ejected(h, now) for i, h in healths.items()},
+        held={i: now < h.held_until for i, h in healths.items()},
+        reachable={i: h.reachable for i, h in healths.items()},
+        ejections=dict(fleet.ejection_counts()),
+        capped=dict(fleet.capped_counts()),
+    )
 
 
 @web.middleware
@@ -183,8 +202,8 @@ async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _backend_health(app: web.Application) -> AsyncIterator[None]:
-    """Discovers every backend's models once at start-up (an answer also marks it healthy), then
-    runs the poller, which keeps health and load snapshots current, for the app's lifetime.
+    """Discovers every backend's models once at start-up (an answer also marks it reachable),
+    then runs the poller, which keeps load snapshots current, for the app's lifetime.
     A backend down at start-up gets its models from its metrics labels once it answers."""
     settings = app[SETTINGS]
     fleet = app[FLEET]
@@ -215,9 +234,17 @@ async def _discover(
             resp.raise_for_status()
             payload = orjson.loads(await resp.read())
         models = tuple(str(entry["id"]) for entry in payload["data"])
-    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
+    except aiohttp.ClientConnectorError as exc:
         log.warning("backend %s (%s): model discovery failed: %s", spec.id, spec.url, exc)
-        fleet.record_failure(spec.id, clock())
+        fleet.record_unreachable(spec.id, clock())
+        return
+    except (aiohttp.ClientResponseError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        # It answered: reachable. Whether it is healthy is for requests' outcomes to say.
+        log.warning("backend %s (%s): model discovery failed: %s", spec.id, spec.url, exc)
+        fleet.record_success(spec.id, clock())
+        return
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("backend %s (%s): model discovery failed: %s", spec.id, spec.url, exc)
         return
     if not spec.models:
         fleet.set_models(spec.id, models)

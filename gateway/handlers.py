@@ -24,7 +24,8 @@ JSON = "application/json"
 def _model_names(app: web.Application) -> set[str]:
     """What `GET /v1/models` lists: the healthy backends' models, the aliases and the routes."""
     routes = app[MODEL_ROUTES]
-    return set(app[FLEET].healthy_models()) | set(app[SETTINGS].model_aliases) | set(routes)
+    healthy = app[FLEET].healthy_models(app[CLOCK]())
+    return set(healthy) | set(app[SETTINGS].model_aliases) | set(routes)
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -46,8 +47,11 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET]
-    healthy = sum(1 for spec in fleet.specs if fleet.is_healthy(spec.id))
+    """200 while at least one backend can take traffic: reachable and not ejected (a Retry-After
+    hold-off is short backpressure, not unreadiness)."""
+    app = request.app
+    fleet, now = app[FLEET], app[CLOCK]()
+    healthy = sum(1 for spec in fleet.specs if fleet.is_healthy(spec.id, now))
     status = 200 if healthy else 503
     body = {"status": "ready" if healthy else "unavailable", "healthy_backends": healthy}
     return _json(body, status=status)

@@ -47,6 +47,8 @@ MOVED_ROUTING_KEYS = {
     "max_preemption_risk": "advanced.max_preemption_risk",
     "poll_group_size": "advanced.poll_group_size",
     "full_scrape_interval_s": "advanced.full_scrape_interval_s",
+    "failure_threshold": "health.consecutive_failures (request failures: scrapes no longer "
+                         "decide health)",
 }
 
 
@@ -95,9 +97,6 @@ class RoutingSettings(_Section):
         default=1.0, gt=0,
         description="A backend's scraped state older than this is stale: never read as idle, "
         "it keeps its last reading less what the gateway sent there since.")
-    failure_threshold: int = Field(
-        default=3, ge=1,
-        description="Failed scrapes or connections in a row that make a backend unhealthy.")
     seed: int | None = Field(
         default=None,
         description="Seeds the policy's random choices (tests, reproducible runs).")

@@ -309,7 +309,7 @@ async def measure_poller(
         filtered = poller.scrapes_filtered - filtered0
         hot = poller.scrapes_hot - hot0
         numbers = poller.scrapes_templated - numbers0
-    healthy = sum(fleet.is_healthy(spec.id) for spec in specs)
+    healthy = sum(fleet.is_healthy(spec.id, time.monotonic()) for spec in specs)
     wall = wall1 - wall0
     user = (usage1.ru_utime - usage0.ru_utime) / wall
     system = (usage1.ru_stime - usage0.ru_stime) / wall

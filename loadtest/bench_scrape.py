@@ -224,7 +224,7 @@ async def poll(variant: Variant, urls: list[str], warmup: float, seconds: float)
     cpu = usage1.ru_utime - usage0.ru_utime + usage1.ru_stime - usage0.ru_stime
     wall = wall1 - wall0
     return {"share": cpu / wall, "scrapes": ok / wall, "failed": failed / wall,
-            "healthy": sum(fleet.is_healthy(spec.id) for spec in specs)}
+            "healthy": sum(fleet.is_healthy(spec.id, time.monotonic()) for spec in specs)}
 
 
 def measure(name: str, urls: list[str], warmup: float, seconds: float,

@@ -26,6 +26,10 @@ backend's speed from the reply's TPOT; `first_token` calibrates a backend the ga
 just met.
 
 Rules
+- A request for a model with no backend available (every one unreachable, ejected or held off,
+  routing/outlier.py) is refused at once with 503 `no_healthy_backend` and a Retry-After of when
+  the first is back (at least 1 s); so are the requests queued for it when that happens, without
+  waiting out the queue timeout.
 - With admission off, every policy sees every healthy candidate and nothing queues (pure
   policies, for comparisons).
 - A request no backend can take within the TPOT SLO is refused with 429 (`OVER_SLO`) and a
@@ -104,6 +108,7 @@ class FleetLike(Protocol):
 
     def candidates(self, model: str | None, now: float) -> list[Candidate]: ...
     def lease(self, backend_id: str, blocks: int, now: float) -> Lease: ...
+    def back_in(self, model: str | None, now: float) -> float | None: ...
 
 
 class Dispatcher:
@@ -148,7 +153,7 @@ class Dispatcher:
                              block_chars=self.config.prefix_block_chars)
         facts, admitted = self._survey(job, cost, chain, now, exclude=())
         if not facts.candidates:
-            return self._no_backend(job, 0.0, None)
+            return self._no_backend(job, now, 0.0, None)
         if not self.config.admission:
             return self._dispatch(job, cost, chain, facts, admitted, now, None, 1, ())
         queue = self._queue(job.model)
@@ -173,7 +178,12 @@ class Dispatcher:
         rejected: list[Rejection] = []
         dispatched: list[Dispatch] = []
         timeout = self.config.queue_timeout_s
-        for queue in self._queues.values():
+        for model, queue in self._queues.items():
+            if queue.depth and not self.fleet.candidates(model, now):
+                # No backend left for the model: nothing queued for it waits out the timeout.
+                while (gone := queue.pop_next()) is not None:
+                    rejected.append(self._no_backend(gone.job, now, now - gone.enqueued_at, gone))
+                continue
             for waiting in queue.expired(now, timeout):
                 decision = timed_out(queue.depth, self._drain.per_second(now))
                 rejected.append(self._reject(
@@ -314,7 +324,7 @@ class Dispatcher:
         try:
             decision = self.router.route(cycle, admitted.pool)
         except NoCandidate as exc:
-            return self._no_backend(job, wait, waiting, exc.reason)
+            return self._no_backend(job, now, wait, waiting, exc.reason)
         backend = decision.backend_id
         chosen = decision.backend
         i = next(i for i, c in enumerate(facts.candidates) if c is chosen)
@@ -353,10 +363,14 @@ class Dispatcher:
             f"every backend that could take the request is at its {self.config.slo.tpot_s} s "
             "TPOT SLO", retry, wait, waiting)
 
-    def _no_backend(self, job: Job, wait: float, waiting: Waiting | None,
+    def _no_backend(self, job: Job, now: float, wait: float, waiting: Waiting | None,
                     why: str | None = None) -> Rejection:
+        """503 with a Retry-After of when the first of the model's backends is back from an
+        ejection or a hold-off (whole seconds, at least RETRY_AFTER_MIN_S)."""
         message = why or f"no healthy backend serves {job.model!r}"
-        return self._reject(job, 503, NO_HEALTHY_BACKEND, message, None, wait, waiting)
+        back = self.fleet.back_in(job.model, now)
+        retry = RETRY_AFTER_MIN_S if back is None else max(RETRY_AFTER_MIN_S, math.ceil(back))
+        return self._reject(job, 503, NO_HEALTHY_BACKEND, message, retry, wait, waiting)
 
     def _reject(self, job: Job, status: int, code: str, message: str, retry_after_s: int | None,
                 wait: float, waiting: Waiting | None) -> Rejection:

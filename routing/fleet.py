@@ -8,9 +8,15 @@ Rules
 - Snapshots are replaced whole by the poller; a scrape older than the one held is ignored.
 - Freshness: a snapshot older than `max_snapshot_age` is stale (`Candidate.stale`); so is a missing
   one. Staleness is a check on `taken_at` at read time, never a flag to clear.
-- Health: a backend starts unhealthy until its first successful scrape (or `record_success`, e.g.
-  model discovery). `failure_threshold` failures in a row, scrapes or connections, make it
-  unhealthy; any success restores it. Unhealthy backends are never candidates.
+- Freshness only affects routing quality: a stale or missing snapshot never takes a backend out
+  of rotation (policies route it by the ledger and prefer fresh ones). A failed scrape is
+  counted (`scrape_failures`); one that got an answer says the backend is reachable.
+- Health comes from requests' outcomes (the relay's reports), by routing/outlier.py's rules:
+  reachability (a refused connection takes a backend out whatever the cap, until a scrape or a
+  call reaches it again), ejection after `rules.consecutive_failures` failures in a row (for
+  longer at each ejection, within the cap on each model's ejected share), hold-off by a
+  Retry-After. Candidates are the backends available now: reachable, not ejected, not held.
+  Ejections and the ejections the cap refused are counted for metrics.
 - Models a backend serves: those discovered (`set_models`), else the configured ones, else what
   its metrics name (vLLM/SGLang `model_name` labels and LoRA adapters in use).
 - Effective free KV (`effective_free_blocks`, what KV-aware policies should use): the last
@@ -24,15 +30,16 @@ Rules
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from routing import outlier
 from routing.ledger import Lease, Ledger
+from routing.outlier import FAILURE_REASONS, Event, Health, OutlierRules
 from routing.state import BackendSnapshot, BackendSpec, Candidate
 
-# Why a request failed at a backend: a 5xx answer, no first byte in time, a connection reset or
-# closed mid-answer, a stream idle past its timeout.
-FAILURE_REASONS = frozenset({"status_5xx", "timeout", "reset", "stream_idle"})
+__all__ = ["FAILURE_REASONS", "Fleet", "OutlierRules", "effective_free_blocks"]
 
 
 @dataclass(slots=True)
@@ -40,9 +47,8 @@ class _Backend:
     spec: BackendSpec
     discovered_models: tuple[str, ...] | None = None
     snapshot: BackendSnapshot | None = None
-    healthy: bool = False
-    failures: int = 0  # consecutive
-    held_until: float = 0.0  # a 429/503 Retry-After: no new traffic before then
+    health: Health = field(default_factory=Health)
+    scrape_failures: int = 0  # in a row: freshness, not health
     ledger: Ledger = field(default_factory=Ledger)
     # The last Candidate built and the ledger version it read: a Candidate is a pure function of
     # the spec, health, snapshot, staleness and ledger, and between two decisions most backends
@@ -59,18 +65,18 @@ class Fleet:
         specs: Sequence[BackendSpec],
         *,
         max_snapshot_age: float = 1.0,
-        failure_threshold: int = 3,
+        rules: OutlierRules | None = None,
     ) -> None:
         if max_snapshot_age <= 0:
             raise ValueError("max_snapshot_age must be positive")
-        if failure_threshold < 1:
-            raise ValueError("failure_threshold must be at least 1")
         self._specs = tuple(specs)
         self._backends = {spec.id: _Backend(spec) for spec in self._specs}
         if len(self._backends) != len(self._specs):
             raise ValueError("backend ids must be unique")
         self.max_snapshot_age = max_snapshot_age
-        self.failure_threshold = failure_threshold
+        self.rules = rules or OutlierRules()
+        self._ejections: Counter[tuple[str, str]] = Counter()  # (backend, reason)
+        self._capped: Counter[str] = Counter()  # by backend
 
     @property
     def specs(self) -> tuple[BackendSpec, ...]:
@@ -99,69 +105,125 @@ class Fleet:
         snapshot = backend.snapshot
         return snapshot.models if snapshot is not None and snapshot.models else ()
 
-    def healthy_models(self) -> list[str]:
+    def healthy_models(self, now: float) -> list[str]:
+        """The models of the backends in rotation."""
         models: set[str] = set()
-        for spec in self._specs:
-            if self._backends[spec.id].healthy:
-                models.update(self.models_of(spec.id))
+        for backend in self._backends.values():
+            if outlier.in_rotation(backend.health, now):
+                models.update(self._models(backend))
         return sorted(models)
 
-    # Health.
+    # Freshness: what the poller reports. Scrapes never decide health, but one that got an
+    # answer says the backend is reachable.
 
     def record_scrape(self, backend_id: str, snapshot: BackendSnapshot) -> None:
-        """A successful scrape: the backend answered, so it is healthy; its snapshot is replaced
-        unless the one held was taken later."""
+        """A successful scrape: the snapshot is replaced unless the one held was taken later, and
+        the backend is reachable."""
         backend = self._backends[backend_id]
         if backend.snapshot is None or snapshot.taken_at >= backend.snapshot.taken_at:
             backend.snapshot = snapshot
-        backend.healthy = True
-        backend.failures = 0
+        backend.health = outlier.on_reached(backend.health)
+        backend.scrape_failures = 0
 
-    def record_failure(self, backend_id: str, now: float) -> None:
-        """A failed scrape or connection. `now` is part of the contract; health counts failures
-        in a row, not time."""
+    def record_scrape_failure(self, backend_id: str, now: float, *, answered: bool) -> None:
+        """A failed scrape (a refused connection is `record_unreachable` instead): the snapshot
+        just ages. `answered`: the backend answered (an error status, a payload of no known
+        format), so it is reachable."""
         backend = self._backends[backend_id]
-        backend.failures += 1
-        if backend.failures >= self.failure_threshold:
-            backend.healthy = False
+        backend.scrape_failures += 1
+        if answered:
+            backend.health = outlier.on_reached(backend.health)
 
     def record_success(self, backend_id: str, now: float) -> None:
-        """A successful call that is not a scrape (discovery, a proxied request)."""
+        """A call that is neither a scrape nor a request answered (model discovery): the backend
+        is reachable; its request failures in a row are untouched."""
         backend = self._backends[backend_id]
-        backend.healthy = True
-        backend.failures = 0
+        backend.health = outlier.on_reached(backend.health)
 
-    # What requests' outcomes say (the relay's reports; scrapes report above).
+    # Health: what requests' outcomes say (the relay's reports).
 
     def record_request_success(self, backend_id: str, now: float) -> None:
         """A backend answered a request (any status below 500 but 429, or a whole stream)."""
-        self.record_success(backend_id, now)
+        backend = self._backends[backend_id]
+        backend.health = outlier.on_success(backend.health)
 
     def record_request_failure(self, backend_id: str, now: float, reason: str) -> None:
         """A request failed at the backend: `reason` is one of FAILURE_REASONS. Never a 4xx,
-        never a client disconnect."""
-        if reason not in FAILURE_REASONS:
-            raise ValueError(f"unknown failure reason {reason!r}")
-        self.record_failure(backend_id, now)
+        never a client disconnect. The failure that reaches the threshold ejects the backend
+        when the cap allows (routing/outlier.py)."""
+        backend = self._backends[backend_id]
+        health, rules = backend.health, self.rules
+        allows = False
+        if reason in FAILURE_REASONS and outlier.would_eject(health, now, rules):
+            allows = outlier.cap_allows(self._cap_groups(backend, now),
+                                        rules.max_ejected_fraction)
+        backend.health, event = outlier.on_failure(health, now, reason, rules, cap_allows=allows)
+        if event is Event.EJECTED:
+            self._ejections[(backend_id, reason)] += 1
+        elif event is Event.CAPPED:
+            self._capped[backend_id] += 1
+
+    def _cap_groups(self, backend: _Backend, now: float) -> list[tuple[int, int]]:
+        """(ejected now, reachable) among the backends of each of `backend`'s models (the whole
+        fleet when it names none), `backend` counted as reachable."""
+        models = self._models(backend)
+        groups: list[tuple[int, int]] = []
+        for model in models or (None,):
+            out = reachable = 0
+            for other in self._backends.values():
+                if model is not None and model not in self._models(other):
+                    continue
+                health = other.health
+                if other is backend or health.reachable:
+                    reachable += 1
+                    out += other is not backend and outlier.ejected(health, now)
+            groups.append((out, reachable))
+        return groups
 
     def record_unreachable(self, backend_id: str, now: float) -> None:
-        """A connection to the backend was refused or could not be made."""
-        self.record_failure(backend_id, now)
+        """A connection to the backend was refused or could not be made: out of rotation, whatever
+        the cap, until a scrape or a call reaches it again."""
+        backend = self._backends[backend_id]
+        backend.health = outlier.on_unreachable(backend.health)
 
     def hold_off(self, backend_id: str, until: float) -> None:
         """The backend asked for no traffic before `until` (a 429 or 503 with Retry-After): it
-        is no candidate until then, without being counted unhealthy."""
+        is no candidate until then, without being ejected."""
         backend = self._backends[backend_id]
-        backend.held_until = max(backend.held_until, until)
+        backend.health = outlier.on_hold(backend.health, until)
 
     def held_until(self, backend_id: str) -> float:
-        return self._backends[backend_id].held_until
+        return self._backends[backend_id].health.held_until
 
-    def is_healthy(self, backend_id: str) -> bool:
-        return self._backends[backend_id].healthy
+    def health(self, backend_id: str) -> Health:
+        return self._backends[backend_id].health
+
+    def is_healthy(self, backend_id: str, now: float) -> bool:
+        """In rotation at `now`: reachable and not ejected (a hold-off is not counted)."""
+        return outlier.in_rotation(self._backends[backend_id].health, now)
 
     def consecutive_failures(self, backend_id: str) -> int:
-        return self._backends[backend_id].failures
+        """Request failures in a row."""
+        return self._backends[backend_id].health.failures
+
+    def scrape_failures(self, backend_id: str) -> int:
+        """Failed scrapes in a row."""
+        return self._backends[backend_id].scrape_failures
+
+    def back_in(self, model: str | None, now: float) -> float | None:
+        """Seconds until a backend serving `model` (any model when None) is available again by
+        an ejection or hold ending; 0.0 when one is now; None when none will be by itself."""
+        return outlier.back_in(
+            (b.health for b in self._backends.values()
+             if model is None or model in self._models(b)), now)
+
+    def ejection_counts(self) -> Mapping[tuple[str, str], int]:
+        """Ejections so far by (backend, reason of the failure that made it): a read-only view."""
+        return self._ejections
+
+    def capped_counts(self) -> Mapping[str, int]:
+        """Ejections the cap refused so far, by backend: a read-only view."""
+        return self._capped
 
     # Routing.
 
@@ -176,40 +238,46 @@ class Fleet:
     def _candidate(self, backend: _Backend, now: float) -> Candidate:
         ledger = backend.ledger
         snapshot = backend.snapshot
-        # snapshot.is_stale, inlined: this runs for every backend at every decision.
+        # snapshot.is_stale and outlier.in_rotation, inlined: this runs for every backend at
+        # every decision.
         stale = snapshot is None or now - snapshot.taken_at > self.max_snapshot_age
+        health = backend.health
+        healthy = health.reachable and now >= health.ejected_until
         view = backend.view
         if (view is not None and view.snapshot is snapshot and view.stale == stale
-                and view.healthy == backend.healthy and backend.view_version == ledger.version):
+                and view.healthy == healthy and backend.view_version == ledger.version):
             return view
         inflight, reserved = ledger.inflight, ledger.reserved_blocks
         if snapshot is None:
-            view = Candidate(backend.spec, backend.healthy, None, True, inflight, reserved,
+            view = Candidate(backend.spec, healthy, None, True, inflight, reserved,
                              inflight, reserved)
         else:
             since, blocks = ledger.since(snapshot.taken_at)
-            view = Candidate(backend.spec, backend.healthy, snapshot, stale, inflight, reserved,
+            view = Candidate(backend.spec, healthy, snapshot, stale, inflight, reserved,
                              since, blocks)
         backend.view, backend.view_version = view, ledger.version
         return view
 
     def candidates(self, model: str | None, now: float) -> list[Candidate]:
-        """Healthy backends serving `model` (any model when None), in configuration order;
-        a backend held off (`hold_off`) is none until its time has passed."""
+        """The backends serving `model` (any model when None) available for a new request:
+        reachable, not ejected, not held off (routing/outlier.py); in configuration order."""
         out: list[Candidate] = []
         for backend in self._backends.values():  # configuration order
-            if (backend.healthy and backend.held_until <= now
+            health = backend.health
+            if (health.reachable and now >= health.ejected_until and now >= health.held_until
                     and (model is None or model in self._models(backend))):
                 out.append(self._candidate(backend, now))
         return out
 
     def admin_rows(self, now: float) -> list[dict[str, object]]:
         """One row per backend, the fields `GET /admin/backends` documents (README.md); a figure
-        nobody reported is None (JSON null)."""
+        nobody reported is None (JSON null). Times are seconds from `now`."""
         rows: list[dict[str, object]] = []
         for spec in self._specs:
             c = self.candidate(spec.id, now)
             snap = c.snapshot
+            backend = self._backends[spec.id]
+            health = backend.health
             rows.append({
                 "id": spec.id,
                 "url": spec.url,
@@ -229,9 +297,19 @@ class Fleet:
                 "effective_free_blocks": effective_free_blocks(c),
                 "preemptions": snap.preemptions if snap else None,
                 "prefix_cache_hit_rate": snap.prefix_cache_hit_rate if snap else None,
-                "consecutive_failures": self._backends[spec.id].failures,
+                "reachable": health.reachable,
+                "consecutive_failures": health.failures,
+                "ejected_until": _ahead(health.ejected_until, now),
+                "ejections": health.ejections,
+                "held_for_s": _ahead(health.held_until, now),
+                "scrape_failures": backend.scrape_failures,
             })
         return rows
+
+
+def _ahead(at: float, now: float) -> float | None:
+    """Seconds from `now` to `at` when that is ahead, else None."""
+    return round(at - now, 1) if at > now else None
 
 
 def effective_free_blocks(candidate: Candidate) -> int | None:

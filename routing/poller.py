@@ -25,14 +25,18 @@ piece saves, measured, is in docs/design.md (loadtest/bench_scrape.py).
   the caller passes an aiohttp `session`, go through aiohttp (`SessionClient`). Requests ask for
   `Accept-Encoding: identity`: a gzipped payload would cost the backend and the gateway CPU on
   every scrape, to save loopback-cheap bytes.
-- A scrape that fails (connection refused or reset, timeout, a status other than 200, a body too
-  large, a payload that is not the backend's format) is a failure reported to the Fleet; it never
-  stops the polling, and the backend's last snapshot just ages. Any other exception is logged and
-  counted as a failure too: the poller must outlive every backend's misbehaviour. `on_error` is
-  told the error's class name: `ScrapeConnectError`, `ScrapeTimeout`, `ScrapeError` (HTTP status,
-  size, malformed answer) or `MetricsError` (not the format), or an unexpected class.
-- Healthy backends are scraped every `interval`. Once the Fleet marks a backend unhealthy, it is
-  probed with exponential backoff (`retry_delay`) until it answers.
+- Scrapes report freshness, not health (routing/outlier.py decides that from requests). A scrape
+  that fails (connection refused or reset, timeout, a status other than 200, a body too large, a
+  payload that is not the backend's format) never stops the polling, and the last snapshot just
+  ages; the Fleet is told, and whether the backend answered at all (then it is reachable). A
+  refused connection is the exception: the backend is unreachable, out of rotation until a
+  scrape or a call reaches it again (`scrape_state.failure_kind`). Any other exception is logged
+  and counted as a failure too: the poller must outlive every backend's misbehaviour.
+  `on_error` is told the error's class name: `ScrapeConnectError`, `ScrapeTimeout`,
+  `ScrapeError` (HTTP status, size, malformed answer) or `MetricsError` (not the format), or an
+  unexpected class.
+- Backends are scraped every `interval`. After `backoff_after` failed scrapes in a row, a backend
+  is probed with exponential backoff (`retry_delay`) until it answers.
 - llama.cpp's KV figures come from `GET /slots`, fetched after its /metrics within the same
   deadline; a server with slots disabled (404/501) still yields a snapshot, without KV figures.
 - Filtering: vLLM and SGLang render /metrics with prometheus_client, which answers
@@ -46,11 +50,11 @@ piece saves, measured, is in docs/design.md (loadtest/bench_scrape.py).
   dropped the query, a server upgraded to other names) is not a failure by itself: the same
   scrape asks plain /metrics at once, within its deadline, and that answer (re-detected when the
   format is not configured) is the scrape's outcome. When plain /metrics succeeds there, the
-  filter was the problem: the backend stays on plain /metrics for that format, until it has been
-  marked unhealthy (a restart may bring another server) or its payload turns out to be of
-  another format. When plain fails too, the backend is failing, not the filter: it stays on the
-  filtered path. Connection failures and timeouts are failures on either path. So the
-  optimisation never costs a backend its state or its health.
+  filter was the problem: the backend stays on plain /metrics for that format, until it is
+  failing (`backoff_after` failed scrapes in a row: a restart may bring another server) or its
+  payload turns out to be of another format. When plain fails too, the backend is failing, not
+  the filter: it stays on the filtered path. Connection failures and timeouts are failures on
+  either path. So the optimisation never costs a backend its state.
 - Tiers: of a filtered vLLM answer, routing needs only the load gauges (running, waiting, KV
   usage) fresh at every scrape. The cumulative counters (preemptions, prefix-cache queries and
   hits) move too, but are only read as totals; the cache config (the KV capacity), the LoRA
@@ -67,7 +71,7 @@ piece saves, measured, is in docs/design.md (loadtest/bench_scrape.py).
   last full answer had, or is not a 200 is not a failure by itself: the same scrape asks for
   every name, within its deadline, and that answer follows the rules above. When that full
   answer succeeds, the hot query was at fault: the backend asks for every name at every scrape
-  until it has been marked unhealthy.
+  until it is failing.
 - Hot answers that differ from the last one parsed whole only in their numbers are read from
   them, through a template of that answer (routing/hot_template.py).
 - Re-use: an answer whose series that the format reads equal the last answer's (routing/metrics:
@@ -89,13 +93,14 @@ from functools import partial
 
 import aiohttp
 
+from routing import scrape_state
 from routing.fleet import Fleet
 from routing.metrics import MetricsError, parse_slots, with_slots
 from routing.metrics.query import METRICS_PATH
 from routing.poll_timing import full_every_for, retry_delay
 from routing.scrape_client import ScrapeError, ScrapeTimeout
 from routing.scrape_session import SessionClient, client_for
-from routing.scrape_state import ScrapeState, answer_snapshot, route
+from routing.scrape_state import ScrapeState
 from routing.state import BackendSnapshot
 
 __all__ = ["Poller", "full_every_for", "retry_delay"]
@@ -126,6 +131,7 @@ class Poller:
         on_error: Callable[[str, str], None] | None = None,
         templates: bool = True,
         series_equal: bool = True,
+        backoff_after: int = 3,
     ) -> None:
         """`session`: an aiohttp session to scrape every backend through (not closed here);
         None = the poller's own keep-alive connections, plus an aiohttp session of its own for
@@ -137,9 +143,12 @@ class Poller:
         None = about once a second, 1 = every name at every scrape. `templates`: hot answers
         are read from their numbers where they can be (False: parsed whole; the answers are the
         same, loadtest/bench_scrape.py measures the difference). `series_equal`: an answer
-        whose series equal the last one's reuses its snapshot (False: parsed anyway)."""
-        if interval <= 0 or timeout <= 0 or group_size < 1:
-            raise ValueError("need a positive poll interval, scrape timeout and group size")
+        whose series equal the last one's reuses its snapshot (False: parsed anyway).
+        `backoff_after`: failed scrapes in a row after which a backend is probed with backoff
+        and counts as failing (module docstring)."""
+        if interval <= 0 or timeout <= 0 or group_size < 1 or backoff_after < 1:
+            raise ValueError("need a positive poll interval, scrape timeout, group size and "
+                             "backoff_after")
         if full_every is None:
             full_every = full_every_for(1.0, interval)
         if full_every < 1:
@@ -155,6 +164,7 @@ class Poller:
         self._on_error = on_error
         self._templates = templates
         self._series_equal = series_equal
+        self._backoff_after = backoff_after
         self.scrapes_ok = 0
         self.scrapes_failed = 0
         self.scrapes_filtered = 0  # of scrapes_ok, answered through a `name[]` path
@@ -176,7 +186,7 @@ class Poller:
                 stack.push_async_callback(client.close)  # abandons a scrape in flight
                 backend = ScrapeState(spec, client, tiered=self._full_every > 1)
                 if spec.metrics_format is not None:
-                    route(backend, spec.metrics_format)
+                    scrape_state.route(backend, spec.metrics_format)
                 backend.on_metrics = partial(self._on_metrics, backend)
                 backend.on_slots = partial(self._on_slots, backend)
                 backends.append(backend)
@@ -220,7 +230,6 @@ class Poller:
     def _start(self, backend: ScrapeState, k: int, deadline: float) -> None:
         backend.busy = True
         backend.started_k = k
-        backend.was_healthy = self._fleet.is_healthy(backend.spec.id)
         backend.taken_at = self._clock()
         backend.deadline = deadline
         path = backend.path
@@ -239,7 +248,7 @@ class Poller:
                     return
                 raise result
             try:
-                snapshot, templated = answer_snapshot(
+                snapshot, templated = scrape_state.answer_snapshot(
                     backend, result, self._full_every, templates=self._templates,
                     series_equal=self._series_equal)
                 self.scrapes_templated += templated
@@ -302,21 +311,9 @@ class Poller:
         """Reports the scrape, then sets the backend's next grid point."""
         spec = backend.spec
         try:
-            suspect, backend.suspect = backend.suspect, None
-            hot_failed, backend.hot_failed = backend.hot_failed, False
-            if hot_failed and suspect is None and isinstance(outcome, BackendSnapshot):
-                # Every name answered where the moving ones did not: the hot query is at fault.
-                log.info("backend %s (%s) does not answer the hot /metrics?name[]=... query: "
-                         "asking for every name at every scrape", spec.id, spec.url)
-                backend.tiered = False
-                backend.hot = backend.slow = None
-            if suspect is not None and isinstance(outcome, BackendSnapshot):
-                # Plain /metrics answered where the filtered path did not: the filter is at fault.
-                log.info("backend %s (%s) does not answer /metrics?name[]=... for %s metrics: "
-                         "scraping plain /metrics", spec.id, spec.url, suspect)
-                backend.unfiltered = suspect
-                if backend.path_family == suspect:
-                    backend.path, backend.path_family, backend.hot = METRICS_PATH, None, None
+            note = scrape_state.settle_paths(backend, answered=isinstance(outcome, BackendSnapshot))
+            if note is not None:
+                log.info("backend %s (%s) %s", spec.id, spec.url, note)
             if isinstance(outcome, BackendSnapshot):
                 self._record_ok(backend, outcome)
             else:
@@ -326,11 +323,10 @@ class Poller:
                 self._failed(backend, outcome)
         finally:
             backend.busy = False
-            failures = self._fleet.consecutive_failures(spec.id)
             delay = self._interval
-            if failures:
+            if backend.failures:
                 delay = retry_delay(
-                    self._interval, failures, self._fleet.failure_threshold, self._backoff_max
+                    self._interval, backend.failures, self._backoff_after, self._backoff_max
                 )
             now = asyncio.get_running_loop().time()
             due = max(backend.first + backend.started_k * self._interval + delay, now)
@@ -338,32 +334,36 @@ class Poller:
 
     def _record_ok(self, backend: ScrapeState, snapshot: BackendSnapshot) -> None:
         spec = backend.spec
-        self._fleet.record_scrape(spec.id, snapshot)  # which resets the failures in a row
+        self._fleet.record_scrape(spec.id, snapshot)
         self.scrapes_ok += 1
         if backend.fetching != METRICS_PATH:
             self.scrapes_filtered += 1
             if backend.fetching == backend.hot:
                 self.scrapes_hot += 1
-        if not backend.was_healthy:
-            log.info("backend %s (%s) answers its metrics: healthy", spec.id, spec.url)
+        if backend.failures >= self._backoff_after:
+            log.info("backend %s (%s) answers its metrics again", spec.id, spec.url)
+        backend.failures = 0
 
     def _failed(self, backend: ScrapeState, exc: Exception) -> None:
         spec = backend.spec
-        self._fleet.record_failure(spec.id, self._clock())
+        kind = scrape_state.failure_kind(exc)
+        refused = kind == scrape_state.UNREACHABLE
+        if refused:
+            self._fleet.record_unreachable(spec.id, self._clock())
+        else:
+            answered = kind == scrape_state.ANSWERED
+            self._fleet.record_scrape_failure(spec.id, self._clock(), answered=answered)
+        backend.failures += 1
         self.scrapes_failed += 1
         backend.slow = None  # it may answer next as another server: every name, first
         if self._on_error is not None:
             self._on_error(spec.id, type(exc).__name__)
         why = f"{type(exc).__name__}: {exc}"
-        if backend.was_healthy and not self._fleet.is_healthy(spec.id):
-            log.warning("backend %s (%s) marked unhealthy: %s", spec.id, spec.url, why)
-            # When it answers again, it may be another server: filtering gets another try.
-            backend.unfiltered = None
-            backend.tiered = self._full_every > 1
-            family = spec.metrics_format or (
-                backend.last_reading.family if backend.last_reading is not None else None)
-            if family is not None:
-                route(backend, family)
+        if backend.failures == self._backoff_after:
+            what = ("refuses connections: out of rotation until it answers" if refused
+                    else "its metrics fail: routed by the gateway's own ledger meanwhile")
+            log.warning("backend %s (%s) %s (%s)", spec.id, spec.url, what, why)
+            scrape_state.start_over(backend, tiered=self._full_every > 1)
         else:
             log.debug("backend %s: scrape failed: %s", spec.id, why)
 

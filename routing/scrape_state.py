@@ -10,6 +10,7 @@ Contract
   the Fleet, never this state.
 - The rules these fields and steps carry out (Filtering, Tiers, Re-use) are stated in the module
   docstring of routing/poller.py; the hot-answer template's, in routing/hot_template.py.
+- `failure_kind` tells the Fleet what a failed scrape says of the backend (routing/poller.py).
 - These steps work on the state and their arguments alone: no I/O, no clock, no logging.
   `answer_snapshot` (through `completed_hot`) raises `MetricsError` for a hot answer it cannot
   complete, and the poller then asks for every name within the same scrape.
@@ -19,12 +20,19 @@ from __future__ import annotations
 
 import dataclasses
 
+import aiohttp
+
 from routing.hot_template import HotTemplate
 from routing.metrics import MetricsError, Reading, read_metrics, snapshot_of
 from routing.metrics.prom import Groups
 from routing.metrics.query import METRICS_PATH, completed, filtered_path, hot_path, slow_groups
-from routing.scrape_client import Done, ScrapeClient, ScrapeError
+from routing.scrape_client import Done, ScrapeClient, ScrapeConnectError, ScrapeError, ScrapeTimeout
 from routing.state import BackendSnapshot, BackendSpec
+
+# What a failed scrape says of the backend (`failure_kind`).
+UNREACHABLE = "unreachable"
+ANSWERED = "answered"
+SILENT = "silent"
 
 
 def _unbound(result: bytes | ScrapeError) -> None:
@@ -46,7 +54,7 @@ class ScrapeState:
     started_k: int = 0
     taken_at: float = 0.0
     deadline: float = 0.0  # loop time
-    was_healthy: bool = False
+    failures: int = 0  # failed scrapes in a row
     fetching: str = METRICS_PATH  # the path of the /metrics request in flight
     metrics: BackendSnapshot | None = None  # llama.cpp: parsed, waiting for /slots
     # Filtering (routing/poller.py): the path of the next /metrics request, the format it asks
@@ -84,6 +92,59 @@ def route(backend: ScrapeState, family: str) -> None:
     else:
         backend.path, backend.path_family = path, family
         backend.hot = hot_path(family) if backend.tiered else None
+
+
+def settle_paths(backend: ScrapeState, *, answered: bool) -> str | None:
+    """At the end of a scrape whose filtered or hot request failed and whose retry `answered`:
+    the query was at fault, so the backend stops asking it (Filtering, Tiers); returns what to
+    log, or None."""
+    suspect, backend.suspect = backend.suspect, None
+    hot_failed, backend.hot_failed = backend.hot_failed, False
+    if not answered:
+        return None
+    if suspect is not None:  # plain /metrics answered where the filtered path did not
+        backend.unfiltered = suspect
+        if backend.path_family == suspect:
+            backend.path, backend.path_family, backend.hot = METRICS_PATH, None, None
+        return (f"does not answer /metrics?name[]=... for {suspect} metrics: scraping plain "
+                "/metrics")
+    if hot_failed:  # every name answered where the moving ones did not
+        backend.tiered = False
+        backend.hot = backend.slow = None
+        return ("does not answer the hot /metrics?name[]=... query: asking for every name at "
+                "every scrape")
+    return None
+
+
+def start_over(backend: ScrapeState, *, tiered: bool) -> None:
+    """The backend's scrapes keep failing: when it answers again it may be another server, so
+    filtering and tiers get another try."""
+    backend.unfiltered = None
+    backend.tiered = tiered
+    family = backend.spec.metrics_format or (
+        backend.last_reading.family if backend.last_reading is not None else None)
+    if family is not None:
+        route(backend, family)
+
+
+def failure_kind(error: BaseException) -> str:
+    """What a failed scrape says of the backend: UNREACHABLE when the connection could not be
+    made (refused, no route, no such host), ANSWERED when the backend answered (a status other
+    than 200, a body too large or malformed, a payload of no known format), SILENT otherwise (a
+    timeout, a connection lost mid-answer, an unexpected error)."""
+    if isinstance(error, ScrapeTimeout):
+        return SILENT
+    if isinstance(error, ScrapeConnectError):
+        cause = error.__cause__
+        # The keep-alive client chains the OSError of the connect; aiohttp raises
+        # ClientConnectorError for it (its other OSErrors come after the connection was made).
+        if isinstance(cause, aiohttp.ClientConnectorError) or (
+                isinstance(cause, OSError) and not isinstance(cause, aiohttp.ClientOSError)):
+            return UNREACHABLE
+        return SILENT
+    if isinstance(error, ScrapeError | MetricsError):
+        return ANSWERED
+    return SILENT
 
 
 def completed_hot(backend: ScrapeState, reading: Reading) -> Reading:

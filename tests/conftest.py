@@ -59,6 +59,7 @@ MODULES = {
     "test_gateway_disconnect": "realtime",
     "test_gateway_errors": "unit",
     "test_gateway_first_token": "realtime",
+    "test_gateway_health_outliers": "loopback",
     "test_gateway_learning": "realtime",
     "test_gateway_proxy": "loopback",
     "test_gateway_ratelimit": "unit",
@@ -86,6 +87,7 @@ MODULES = {
     "test_routing_metrics_template": "unit",
     "test_routing_model_select": "unit",
     "test_routing_offload": "unit",
+    "test_routing_outlier": "unit",
     "test_routing_policies": "unit",
     "test_routing_policy": "unit",
     "test_routing_poller": "loopback",
@@ -171,8 +173,10 @@ OVERRIDES = {
     "test_loadtest_live_fleet::test_bad_usage_exits_2": "unit",
     "test_loadtest_split_frontier::test_the_same_command_gives_the_same_numbers": "bench",
     "test_routing_poller::test_a_hanging_backend_does_not_delay_the_others": "realtime",
-    "test_routing_poller::test_a_scrape_past_its_timeout_is_a_failure": "realtime",
-    "test_routing_poller::test_unhealthy_backends_are_probed_with_exponential_backoff": "unit",
+    "test_routing_poller::test_a_scrape_past_its_timeout_is_a_failure_that_leaves_health_alone":
+        "realtime",
+    "test_routing_poller::test_backends_whose_scrapes_fail_are_probed_with_exponential_backoff":
+        "unit",
     "test_routing_poller::test_a_restamped_snapshot_differs_only_in_its_time": "unit",
     "test_routing_prefix::test_chain_hashes_do_not_depend_on_the_process": "loopback",
     "test_sim_exposition_formats::test_the_poller_reads_a_simulated_tgi_with_its_batch_budget":

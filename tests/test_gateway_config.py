@@ -39,7 +39,7 @@ routing:
   policy: round_robin
   poll_interval_s: 0.5
   max_snapshot_age_s: 2
-  failure_threshold: 5
+health: {consecutive_failures: 7}
 slo: {ttft_s: 2, tpot_s: 0.04}
 advanced:
   poll_group_size: 16
@@ -57,7 +57,7 @@ def test_a_full_file_loads_into_typed_settings(tmp_path: Path) -> None:
     settings = load_settings(write(tmp_path, FULL), environ={})
     assert settings.server.port == 9000 and settings.server.host == "0.0.0.0"
     assert settings.model_aliases == {"gpt-4o": "llama-3-8b"}
-    assert settings.routing.failure_threshold == 5
+    assert settings.health.consecutive_failures == 7
     assert settings.advanced.poll_group_size == 16
     assert settings.advanced.full_scrape_interval_s == 2.5
     assert (settings.slo.ttft_s, settings.slo.tpot_s) == (2.0, 0.04)
@@ -113,6 +113,9 @@ def test_settings_are_frozen() -> None:
                      id="the SLO lives in the slo section"),
         pytest.param("routing: {weights: {ttft: 1}}\n", "routing.weights is now advanced.weights",
                      id="expert knobs live in the advanced section"),
+        pytest.param("routing: {failure_threshold: 3}\n",
+                     "routing.failure_threshold is now health.consecutive_failures",
+                     id="health is decided by requests, in the health section"),
         pytest.param("backends: [{url: 'http://h', metrics_format: x}]\n",
                      "backends.0.metrics_format", id="unknown metrics format"),
         pytest.param("backends: [{url: 'http://a', id: x}, {url: 'http://b', id: x}]\n",

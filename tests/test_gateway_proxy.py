@@ -133,12 +133,19 @@ async def gateway_over(
             stack.push_async_callback(upstream.stop)
         settings = Settings.model_validate({
             "server": {"port": 0, **server},
-            # Health comes from discovery at start-up; no scrape interferes during a test.
+            # The one scrape at start-up is awaited below; no other interferes during a test.
             "routing": {"poll_interval_s": 60, "policy": "round_robin"},
             "backends": [{"url": u.url, "id": f"u{i}"} for i, u in enumerate(upstreams)],
         })
         url = await stack.enter_async_context(running_gateway(settings, on_done=on_done))
         client = await stack.enter_async_context(aiohttp.ClientSession())
+
+        async def scraped() -> bool:
+            async with client.get(url + "/admin/backends") as resp:
+                rows = (await resp.json(loads=orjson.loads))["backends"]
+            return all(row["last_poll_age_ms"] is not None for row in rows)
+
+        await wait_for(scraped, "the first scrape of every backend")
         yield url, upstreams, client
 
 

@@ -1,4 +1,7 @@
-"""The poller against real loopback servers: good, garbage, hanging, refusing, coming back."""
+"""The poller against real loopback servers: good, garbage, hanging, refusing, coming back.
+
+Scrapes report freshness, never health: a backend whose /metrics fails stays in rotation once
+anything reached it; only a refused connection takes it out, until a scrape reaches it again."""
 
 from __future__ import annotations
 
@@ -64,17 +67,21 @@ class Hang:
         return web.Response(body=VLLM_V1)
 
 
-def fleet_of(urls: dict[str, str], threshold: int = 2, **formats: str) -> Fleet:
+def fleet_of(urls: dict[str, str], **formats: str) -> Fleet:
     specs = [BackendSpec(id=i, url=u, metrics_format=formats.get(i)) for i, u in urls.items()]
-    return Fleet(specs, max_snapshot_age=5.0, failure_threshold=threshold)
+    return Fleet(specs, max_snapshot_age=5.0)
 
 
-def poller(f: Fleet, timeout: float = 0.25) -> Poller:
+def poller(f: Fleet, timeout: float = 0.25, backoff_after: int = 2) -> Poller:
     """Fast enough that every test is over in well under a second of polling."""
-    return Poller(f, interval=0.01, timeout=timeout, backoff_max=0.05)
+    return Poller(f, interval=0.01, timeout=timeout, backoff_max=0.05, backoff_after=backoff_after)
 
 
-async def test_poller_keeps_the_good_backend_fresh_marks_dead_ones_unhealthy_and_restores() -> None:
+def in_rotation(f: Fleet) -> list[str]:
+    return [c.id for c in f.candidates(None, time.monotonic())]
+
+
+async def test_broken_metrics_keep_a_backend_in_rotation_and_refused_ones_out_until_back() -> None:
     hang = Hang()
     refused_port = free_port()
     async with (
@@ -86,23 +93,24 @@ async def test_poller_keeps_the_good_backend_fresh_marks_dead_ones_unhealthy_and
                 "refused": f"http://127.0.0.1:{refused_port}"}
         f = fleet_of(urls, threshold=2)
         for backend_id in urls:
-            f.record_success(backend_id, 0.0)  # as discovery would: every backend starts healthy
+            f.record_success(backend_id, 0.0)  # as discovery would: every backend reachable
         p = poller(f)
         async with p.running():
-            await eventually(lambda: not any(f.is_healthy(i) for i in ("garbage", "hanging",
-                                                                        "refused")),
-                             "garbage, hanging and refusing backends marked unhealthy")
-            assert all(f.consecutive_failures(i) >= 2 for i in ("garbage", "hanging", "refused"))
+            await eventually(lambda: all(f.scrape_failures(i) >= 2 for i in ("garbage", "hanging"))
+                             and not f.is_healthy("refused", time.monotonic()),
+                             "failed scrapes of garbage and hanging, refused unreachable")
             first = f.snapshot("good")
-            assert first is not None and f.is_healthy("good")
-            assert [c.id for c in f.candidates(None, time.monotonic())] == ["good"]
+            assert first is not None and f.snapshot("garbage") is None
+            assert in_rotation(f) == ["good", "garbage", "hanging"]
+            assert all(f.consecutive_failures(i) == 0 for i in urls)  # scrapes are no requests
             await eventually(lambda: f.snapshot("good") != first, "a newer snapshot of good")
             newer = f.snapshot("good")
             assert newer is not None and newer.taken_at > first.taken_at
             assert (newer.kv_total_blocks, newer.running) == (27313, 24)
 
             async with serving({"/metrics": body(VLLM_V1)}, port=refused_port):
-                await eventually(lambda: f.is_healthy("refused"), "the refusing backend restored")
+                await eventually(lambda: f.is_healthy("refused", time.monotonic()),
+                                 "the refusing backend back in rotation")
                 restored = f.snapshot("refused")
                 assert restored is not None and restored.kv_free_blocks == 15795
         hang.release.set()
@@ -126,7 +134,7 @@ async def test_a_hanging_backend_does_not_delay_the_others() -> None:
             await eventually(lambda: (s := f.snapshot("good")) is not None
                              and s.taken_at > seen.taken_at,
                              "yet another scrape of good during the same hang")
-            assert hang.received == 1 and f.consecutive_failures("hanging") == 0
+            assert hang.received == 1 and f.scrape_failures("hanging") == 0
         hang.release.set()
 
 
@@ -139,27 +147,32 @@ async def test_a_hanging_backend_does_not_delay_the_others() -> None:
         pytest.param(body(b"vllm:num_requests_running oops\n"), id="a known name, no number"),
     ],
 )
-async def test_a_failed_scrape_is_a_failure_and_the_poller_goes_on(handler: Handler) -> None:
+async def test_a_scrape_answered_badly_is_counted_and_reaches_a_backend_never_scraped(
+    handler: Handler,
+) -> None:
     async with serving({"/metrics": handler}) as url:
-        f = fleet_of({"bad": url}, threshold=3)
-        f.record_success("bad", 0.0)
-        p = poller(f)
+        f = fleet_of({"bad": url})
+        assert not f.is_healthy("bad", time.monotonic())  # nothing reached it yet
+        p = poller(f, backoff_after=3)
         async with p.running() as running:
-            await eventually(lambda: not f.is_healthy("bad"), "three failures in a row")
-            await eventually(lambda: running.scrapes_failed >= 4, "a probe after unhealthy")
+            await eventually(lambda: running.scrapes_failed >= 4, "probes past the backoff")
             assert f.snapshot("bad") is None and running.scrapes_ok == 0
+            assert f.scrape_failures("bad") == running.scrapes_failed
+            assert f.is_healthy("bad", time.monotonic())
 
 
-async def test_a_scrape_past_its_timeout_is_a_failure() -> None:
+async def test_a_scrape_past_its_timeout_is_a_failure_that_leaves_health_alone() -> None:
     hang = Hang()
     errors: list[str] = []
     async with serving({"/metrics": hang.handle}) as url:
-        f = fleet_of({"slow": url}, threshold=2)
+        f = fleet_of({"slow": url, "unknown": url})
         f.record_success("slow", 0.0)
         p = Poller(f, interval=0.01, timeout=0.05, backoff_max=0.05,
                    on_error=lambda b, e: errors.append(e))
         async with p.running():
-            await eventually(lambda: not f.is_healthy("slow"), "two timeouts in a row")
+            await eventually(lambda: f.scrape_failures("slow") >= 2
+                             and f.scrape_failures("unknown") >= 2, "two timeouts in a row")
+            assert in_rotation(f) == ["slow"]  # a timeout reaches nothing, takes nothing out
         hang.release.set()
     assert set(errors) == {"ScrapeTimeout"}
 
@@ -189,7 +202,7 @@ async def test_llamacpp_with_slots_disabled_still_has_a_snapshot_without_kv() ->
         async with poller(f).running():
             await eventually(lambda: f.snapshot("llama") is not None, "a llama.cpp snapshot")
     snap = f.snapshot("llama")
-    assert snap is not None and f.is_healthy("llama")
+    assert snap is not None and f.is_healthy("llama", time.monotonic())
     assert (snap.kv_total_blocks, snap.running, snap.waiting) == (None, 2, 1)
 
 
@@ -221,10 +234,10 @@ async def test_the_snapshot_is_stamped_with_the_clock_read_just_before_the_reque
 @pytest.mark.parametrize(
     ("failures", "delay"),
     [(0, 0.1), (2, 0.1), (3, 0.2), (4, 0.4), (5, 0.8), (9, 5.0), (10_000, 5.0)],
-    ids=["healthy", "failing, not yet unhealthy", "just unhealthy: doubled", "doubled again",
+    ids=["answering", "failing, not yet backed off", "just backed off: doubled", "doubled again",
          "and again", "capped", "capped after very many"],
 )
-def test_unhealthy_backends_are_probed_with_exponential_backoff(
+def test_backends_whose_scrapes_fail_are_probed_with_exponential_backoff(
     failures: int, delay: float
 ) -> None:
     assert retry_delay(0.1, failures, 3, 5.0) == pytest.approx(delay)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -89,9 +90,9 @@ def prometheus_http_server(registry: CollectorRegistry) -> Iterator[str]:
 @contextlib.asynccontextmanager
 async def polling(url: str, fmt: str | None = None, **kwargs: Any
                   ) -> AsyncIterator[tuple[Poller, Fleet]]:
-    fleet = Fleet([BackendSpec(id="b", url=url, metrics_format=fmt)], max_snapshot_age=5.0,
-                  failure_threshold=kwargs.pop("threshold", 2))
-    poller = Poller(fleet, interval=kwargs.pop("interval", 0.02), timeout=2.0, **kwargs)
+    fleet = Fleet([BackendSpec(id="b", url=url, metrics_format=fmt)], max_snapshot_age=5.0)
+    poller = Poller(fleet, interval=kwargs.pop("interval", 0.02), timeout=2.0,
+                    backoff_after=kwargs.pop("threshold", 2), **kwargs)
     async with poller.running():
         yield poller, fleet
 
@@ -266,7 +267,7 @@ async def test_a_filtered_scrape_that_fails_falls_back_to_plain_metrics_in_the_s
     async with serving(handler) as url, polling(url, fmt) as (poller, fleet):
         await eventually(lambda: poller.scrapes_ok >= 5, "five scrapes")
         got = snapshot(fleet)
-        healthy = fleet.is_healthy("b")
+        healthy = fleet.is_healthy("b", time.monotonic())
     assert poller.scrapes_failed == 0 and healthy
     assert seen.count(True) == 1  # one filtered try, then plain /metrics only
     assert seen[seen.index(True) + 1] is False
@@ -285,8 +286,8 @@ async def test_a_filtered_scrape_that_times_out_is_a_failure_not_a_fallback() ->
 
     async with serving(hang) as url:
         fleet = Fleet([BackendSpec(id="b", url=url, metrics_format="vllm")],
-                      max_snapshot_age=5.0, failure_threshold=2)
-        poller = Poller(fleet, interval=0.02, timeout=0.1, backoff_max=0.1)
+                      max_snapshot_age=5.0)
+        poller = Poller(fleet, interval=0.02, timeout=0.1, backoff_max=0.1, backoff_after=2)
         async with poller.running():
             await eventually(lambda: poller.scrapes_failed >= 2, "two failed scrapes")
         release.set()
@@ -314,7 +315,7 @@ async def test_a_backend_failing_on_both_paths_keeps_the_filter_for_when_it_answ
     assert got is not None and same_state(got, expected(VLLM_V1, "vllm"))
 
 
-async def test_a_backend_that_fell_back_tries_filtering_again_after_being_unhealthy() -> None:
+async def test_a_backend_that_fell_back_tries_filtering_again_after_its_scrapes_failed() -> None:
     mode = {"now": "reject"}
     queries: list[str] = []
 
@@ -332,11 +333,11 @@ async def test_a_backend_that_fell_back_tries_filtering_again_after_being_unheal
         await eventually(lambda: poller.scrapes_ok >= 3, "plain scrapes after the fallback")
         assert poller.scrapes_filtered == 0
         mode["now"] = "down"
-        await eventually(lambda: not fleet.is_healthy("b"), "the backend marked unhealthy")
+        await eventually(lambda: fleet.scrape_failures("b") >= 1, "a failed scrape")
         mode["now"] = "filter"
         await eventually(lambda: poller.scrapes_filtered >= 2, "filtered scrapes again")
         got = snapshot(fleet)
-        assert fleet.is_healthy("b")
+        assert fleet.is_healthy("b", time.monotonic())
     assert got is not None and same_state(got, expected(VLLM_V1, "vllm"))
 
 

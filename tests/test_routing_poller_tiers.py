@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -75,9 +76,10 @@ class RecordingFleet(Fleet):
 async def polling(url: str, fmt: str | None = "vllm", **kwargs: Any
                   ) -> AsyncIterator[tuple[Poller, RecordingFleet]]:
     fleet = RecordingFleet([BackendSpec(id="b", url=url, metrics_format=fmt)],
-                           max_snapshot_age=5.0, failure_threshold=kwargs.pop("threshold", 5))
+                           max_snapshot_age=5.0)
     poller = Poller(fleet, interval=kwargs.pop("interval", 0.02),
-                    timeout=kwargs.pop("timeout", 2.0), **kwargs)
+                    timeout=kwargs.pop("timeout", 2.0), backoff_after=kwargs.pop("threshold", 5),
+                    **kwargs)
     async with poller.running():
         yield poller, fleet
 
@@ -343,7 +345,7 @@ async def test_a_wrong_hot_answer_falls_back_to_a_full_one_and_the_backend_stays
     ):
         await eventually(lambda: poller.scrapes_ok >= 6, "six scrapes")
         got = fleet.snapshot("b")
-        healthy = fleet.is_healthy("b")
+        healthy = fleet.is_healthy("b", time.monotonic())
     queries = [names_asked(q) for q in recorder.queries]
     # A full scrape, one hot try answered by a full one in the same scrape, then full ones
     # (not one in 1000: the hot query was at fault).
@@ -376,7 +378,7 @@ async def test_after_a_failed_scrape_the_next_asks_for_every_name_then_hot_again
             armed["hang"] = True
             await eventually(lambda: poller.scrapes_failed >= 1, "a timed-out scrape")
             await eventually(lambda: poller.scrapes_hot >= 3, "hot scrapes again")
-            healthy = fleet.is_healthy("b")
+            healthy = fleet.is_healthy("b", time.monotonic())
         release.set()
     hung = int(armed["at"])  # the index of the request after the hung one
     assert queries[hung - 1] == HOT and queries[hung:hung + 2] == [FULL, HOT]

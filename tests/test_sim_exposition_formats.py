@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from collections.abc import AsyncIterator, Callable
 from types import MappingProxyType
 from typing import Any
@@ -326,7 +327,7 @@ async def loaded(url: str, engine: Engine, freeze: Callable[[], None]
 
 
 async def polled(spec: BackendSpec, want: Callable[[BackendSnapshot], bool]) -> BackendSnapshot:
-    fleet = Fleet([spec], max_snapshot_age=5.0, failure_threshold=2)
+    fleet = Fleet([spec], max_snapshot_age=5.0)
     async with Poller(fleet, interval=0.01, timeout=0.5).running():
         def ready() -> bool:
             snap = fleet.snapshot(spec.id)
@@ -334,7 +335,7 @@ async def polled(spec: BackendSpec, want: Callable[[BackendSnapshot], bool]) -> 
 
         await eventually(ready, f"a {spec.metrics_format or 'detected'} snapshot as expected")
     snap = fleet.snapshot(spec.id)
-    assert snap is not None and fleet.is_healthy(spec.id)
+    assert snap is not None and fleet.is_healthy(spec.id, time.monotonic())
     return snap
 
 

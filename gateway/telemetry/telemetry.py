@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from gateway.telemetry.accesslog import LOGGER_NAME, AccessLog
 from gateway.telemetry.gauges import BackendGaugesSource, QueueDepthSource, StateGauges
+from gateway.telemetry.health import HealthInstruments, HealthSource
 from gateway.telemetry.labels import LabelGuard
 from gateway.telemetry.metrics import RequestMetrics
 from gateway.telemetry.outcome import RequestOutcome
@@ -70,6 +71,7 @@ class Telemetry:
         )
         self._reader.add_histograms(self._metrics.histograms)
         self._gauges = StateGauges(meter)
+        self._health = HealthInstruments(meter)
         self._access_log = AccessLog(
             logger if logger is not None else logging.getLogger(LOGGER_NAME),
             sample_rate=settings.access_log_sample_rate,
@@ -115,6 +117,11 @@ class Telemetry:
     def register_backend_gauges(self, source: BackendGaugesSource) -> None:
         """Per-backend gauges read `source()` at each scrape; a later call replaces it."""
         self._gauges.set_backend_source(source)
+
+    def register_backend_health(self, source: HealthSource) -> None:
+        """The ejection counters and health gauges read `source()` at each scrape; a later call
+        replaces it."""
+        self._health.set_source(source)
 
     def register_queue_depth(self, source: QueueDepthSource) -> None:
         """The queue-depth gauge reads `source()` at each scrape; a later call replaces it."""

@@ -5,7 +5,9 @@
   in the pool scores 1, the longest 0, linearly between; all equal scores 1.
 - `KvUtilizationScorer`: the Inference Extension's KV-cache scorer: the free fraction of the KV
   cache; a backend that reports no KV figure scores `UNKNOWN_KV_SCORE`, neither favoured nor
-  shunned.
+  shunned, and one whose metrics are stale or missing at most that: what it has free now is not
+  known, so a fresh backend with room is preferred to it (it stays a candidate, routed by the
+  gateway's ledger).
 Pure.
 """
 
@@ -37,5 +39,6 @@ class KvUtilizationScorer:
         out: list[float] = []
         for c in candidates:
             used = kv_utilization(c)
-            out.append(UNKNOWN_KV_SCORE if used is None else 1.0 - used)
+            free = UNKNOWN_KV_SCORE if used is None else 1.0 - used
+            out.append(min(free, UNKNOWN_KV_SCORE) if c.stale else free)
         return out
