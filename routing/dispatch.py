@@ -356,7 +356,9 @@ class Dispatcher:
     def _no_backend(self, job: Job, wait: float, waiting: Waiting | None,
                     why: str | None = None) -> Rejection:
         message = why or f"no healthy backend serves {job.model!r}"
-        return self._reject(job, 503, NO_HEALTHY_BACKEND, message, None, wait, waiting)
+        # Retry-After: a held-off, ejected or restarting backend may be back at the next probe.
+        return self._reject(job, 503, NO_HEALTHY_BACKEND, message, RETRY_AFTER_MIN_S, wait,
+                            waiting)
 
     def _reject(self, job: Job, status: int, code: str, message: str, retry_after_s: int | None,
                 wait: float, waiting: Waiting | None) -> Rejection:
