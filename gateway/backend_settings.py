@@ -65,6 +65,16 @@ class BackendSettings(BaseModel):
     def _base_url(cls, value: str) -> str:
         return normalise_backend_url(value)
 
+    @field_validator("api_key")
+    @classmethod
+    def _header_safe(cls, value: SecretStr | None) -> SecretStr | None:
+        """A key goes into a header line: printable ASCII without spaces (never echoed)."""
+        if value is not None:
+            key = value.get_secret_value()
+            if not key or not all("!" <= c <= "~" for c in key):
+                raise ValueError("must be printable ASCII without spaces")
+        return value
+
     @field_validator("metrics_format")
     @classmethod
     def _known_format(cls, value: str) -> str:

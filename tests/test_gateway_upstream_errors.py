@@ -170,3 +170,14 @@ def test_a_backend_key_comes_from_the_environment_like_every_field() -> None:
                                       "KVGATE_BACKENDS__0__API_KEY": "from-env"})
     assert settings.backend_specs()[0].api_key == "from-env"
 
+
+@pytest.mark.parametrize("key", ["", "two words", "line\r\nX-Injected: 1", "caf\u00e9"],
+                         ids=["empty", "a space", "a header injected", "not ASCII"])
+def test_a_backend_key_that_cannot_be_a_header_is_refused_without_echoing_it(key: str) -> None:
+    from gateway.config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError) as refused:
+        load_settings(environ={"KVGATE_BACKENDS__0__URL": "http://127.0.0.1:9",
+                               "KVGATE_BACKENDS__0__API_KEY": key})
+    assert "KVGATE_BACKENDS__0__API_KEY" in str(refused.value)
+    assert not key or key not in str(refused.value)
