@@ -38,8 +38,8 @@ class StreamStopped(StreamCut):
 class StreamWatch:
     """Watches one stream from the relay's first read to `close`."""
 
-    __slots__ = ("_content", "_handle", "_idle_s", "_loop", "_on_client_stuck", "_write_s",
-                 "client_stuck", "read_since", "write_since")
+    __slots__ = ("_content", "_handle", "_idle_s", "_idled", "_loop", "_on_client_stuck",
+                 "_write_s", "client_stuck", "read_since", "write_since")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, content: aiohttp.StreamReader, *,
                  idle_s: float, write_s: float, on_client_stuck: Callable[[], None]) -> None:
@@ -51,6 +51,7 @@ class StreamWatch:
         self.read_since = loop.time()  # the relay waits on the backend from then on
         self.write_since: float | None = None  # a write to the client started then, pending
         self.client_stuck = False  # the client was cut off for reading nothing
+        self._idled = False  # the backend's silence ended the stream
         self._handle: asyncio.TimerHandle | None = loop.call_at(
             self.read_since + min(idle_s, write_s), self._check)
 
@@ -72,12 +73,16 @@ class StreamWatch:
                 self.client_stuck = True
                 self._on_client_stuck()
                 return
-            due = writing + self._write_s
+            # The write may end soon: the backend's silence is looked at again by then.
+            due = min(writing + self._write_s, now + self._idle_s)
+        elif self._idled:  # only the writes of the stream's end are left to watch
+            due = now + self._write_s
         else:
             if now - self.read_since >= self._idle_s - _SLACK_S:
-                self._handle = None
+                self._idled = True
                 self._content.set_exception(
                     StreamIdle(f"no bytes from the backend for {self._idle_s:g} s"))
-                return
-            due = self.read_since + self._idle_s
+                due = now + self._write_s
+            else:
+                due = self.read_since + self._idle_s
         self._handle = self._loop.call_at(due, self._check)

@@ -63,6 +63,7 @@ MODULES = {
     "test_gateway_proxy": "loopback",
     "test_gateway_ratelimit": "unit",
     "test_gateway_relay_errors": "unit",
+    "test_gateway_relay_watch": "unit",
     "test_gateway_routing": "unit",
     "test_gateway_serve": "loopback",
     "test_gateway_small_model": "loopback",
