@@ -27,17 +27,25 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway.attempt import CLIENT_CLOSED
+from gateway.attempt import (
+    CLIENT_CLOSED,
+    RETRY_5XX,
+    RETRY_429,
+    RETRY_CONNECT,
+    RETRY_RESET,
+    RETRY_TIMEOUT,
+    Relayed,
+    Retry,
+    UpstreamCall,
+)
 from gateway.carry import Carrier, LineTap
 from gateway.errors import (
-    GatewayError,
     UpstreamTimeout,
     UpstreamUnreachable,
     normalise_error_body,
@@ -51,13 +59,6 @@ from routing.dispatch import Dispatch
 __all__ = ["HealthView", "LineTap", "Relay", "Relayed", "Retry", "UpstreamCall",
            "retry_after_s"]
 
-# Why an attempt is tried again: the label of kvgate_retries_total.
-RETRY_CONNECT = "connect"
-RETRY_RESET = "reset"
-RETRY_TIMEOUT = "timeout"
-RETRY_5XX = "status_5xx"
-RETRY_429 = "status_429"
-
 log = logging.getLogger("kvgate.gateway")
 
 
@@ -68,41 +69,6 @@ class HealthView(Protocol):
     def record_request_failure(self, backend_id: str, now: float, reason: str) -> None: ...
     def record_unreachable(self, backend_id: str, now: float) -> None: ...
     def hold_off(self, backend_id: str, until: float) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamCall:
-    """One client request, ready to send to any backend that serves `model`."""
-
-    path: str  # "/v1/chat/completions" or "/v1/completions"
-    body: bytes  # the client's bytes, or re-encoded (alias resolved, stream usage asked for)
-    model: str  # the real model name
-    stream: bool
-    # The gateway added `stream_options.include_usage` the client did not ask for: the usage-only
-    # event is dropped from the relayed stream (gateway/sse.py).
-    strip_usage: bool = False
-    choices: int = 1  # the body's `n`: usage and text events count every choice's tokens
-    tap: LineTap | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Relayed:
-    """An attempt that answered the client (with whatever status)."""
-
-    response: web.StreamResponse
-    status: int  # CLIENT_CLOSED when the client left mid-stream
-    error: str | None = None
-    usage: dict[str, Any] | None = None
-    answer: dict[str, Any] | None = None  # a whole 200 JSON answer, decoded
-    client_disconnected: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """An attempt failed before the client saw a byte; retry elsewhere or report `failure`."""
-
-    failure: GatewayError | web.Response
-    reason: str  # RETRY_CONNECT | RETRY_RESET | RETRY_TIMEOUT | RETRY_5XX | RETRY_429
 
 
 class Relay:
