@@ -153,6 +153,26 @@ async def test_a_backend_gets_its_own_api_key_and_never_the_clients() -> None:
         assert "backend-secret" not in orjson.dumps(rows).decode()
 
 
+@pytest.mark.parametrize("through", ["keep-alive client", "aiohttp session"])
+async def test_both_scrape_clients_send_the_backends_key(through: str) -> None:
+    from routing.scrape_client import get
+    from routing.scrape_session import client_for
+    from tests.upstreams import FaultyUpstream
+
+    upstream = FaultyUpstream()
+    await upstream.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            scraper = client_for(upstream.url, session if through == "aiohttp session" else None,
+                                 api_key="backend-secret")
+            assert scraper is not None
+            await get(scraper, "/metrics", 5.0)
+            await scraper.close()
+    finally:
+        await upstream.stop()
+    assert upstream.headers[0]["Authorization"] == "Bearer backend-secret"
+
+
 def test_a_backend_key_stays_out_of_the_settings_repr() -> None:
     from gateway.config import Settings
 
