@@ -125,7 +125,8 @@ class Proxy:
         failure = result.failure
         if isinstance(failure, web.Response):
             return Forwarded(failure, self._outcome(ex, call, job, dispatch, failure.status,
-                                                    error="retryable status", placed=False))
+                                                    error=f"backend answered HTTP {failure.status}",
+                                                    placed=False))
         return Forwarded(failure, self._outcome(ex, call, job, dispatch, failure.status,
                                                 error=failure.message, placed=False))
 
