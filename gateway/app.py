@@ -59,6 +59,7 @@ from routing import outlier
 from routing.fleet import Fleet, OutlierRules
 from routing.policies import build_router
 from routing.poller import Poller, full_every_for
+from routing.retry_budget import RetryBudget
 from routing.state import BackendSpec
 
 log = logging.getLogger("kvgate.gateway")
@@ -193,8 +194,10 @@ async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
         cookie_jar=aiohttp.DummyCookieJar(),  # a backend's cookies must not leak across clients
     )
     relay = Relay(session=session, fleet=app[FLEET], first_byte_timeout=server.first_byte_timeout_s,
-                  clock=app[CLOCK])
-    app[PROXY] = Proxy(relay=relay, gate=app[GATE], clock=app[CLOCK])
+                  clock=app[CLOCK], stream_idle_timeout=server.stream_idle_timeout_s,
+                  client_write_timeout=server.client_write_timeout_s)
+    app[PROXY] = Proxy(relay=relay, gate=app[GATE], clock=app[CLOCK], budget=RetryBudget(),
+                       metrics=app[TELEMETRY])
     try:
         yield
     finally:
@@ -230,7 +233,8 @@ async def _discover(
     session: aiohttp.ClientSession, fleet: Fleet, spec: BackendSpec, clock: Callable[[], float]
 ) -> None:
     try:
-        async with session.get(spec.url + "/v1/models") as resp:
+        auth = {} if spec.api_key is None else {"Authorization": f"Bearer {spec.api_key}"}
+        async with session.get(spec.url + "/v1/models", headers=auth) as resp:
             resp.raise_for_status()
             payload = orjson.loads(await resp.read())
         models = tuple(str(entry["id"]) for entry in payload["data"])

@@ -1,5 +1,7 @@
 """What the proxy returns: the `Outcome` of one proxied request, the record every later reader
-(telemetry, token-budget settlement, the cache's store side, response headers) takes it from.
+(telemetry, token-budget settlement, the cache's store side, response headers) takes it from;
+and what it hands the relay and gets back from each attempt (`UpstreamCall`; `Relayed`, or a
+`Retry` with its reason when the attempt failed before the client saw a byte).
 
 The proxy never calls back. `Proxy.forward` returns a `Forwarded` (the response or the error the
 client gets, and the `Outcome`); when the client hangs up, the cancellation it re-raises is a
@@ -14,9 +16,17 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.carry import LineTap
 from gateway.errors import GatewayError
 
 CLIENT_CLOSED = 499  # the status an Outcome records when the client hung up (nginx's convention)
+
+# Why an attempt is tried again: the label of kvgate_retries_total.
+RETRY_CONNECT = "connect"
+RETRY_RESET = "reset"
+RETRY_TIMEOUT = "timeout"
+RETRY_5XX = "status_5xx"
+RETRY_429 = "status_429"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,3 +73,38 @@ class ClientGone(asyncio.CancelledError):
     def __init__(self, outcome: Outcome) -> None:
         super().__init__()
         self.outcome = outcome
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamCall:
+    """One client request, ready to send to any backend that serves `model`."""
+
+    path: str  # "/v1/chat/completions" or "/v1/completions"
+    body: bytes  # the client's bytes, or re-encoded (alias resolved, stream usage asked for)
+    model: str  # the real model name
+    stream: bool
+    # The gateway added `stream_options.include_usage` the client did not ask for: the usage-only
+    # event is dropped from the relayed stream (gateway/sse.py).
+    strip_usage: bool = False
+    choices: int = 1  # the body's `n`: usage and text events count every choice's tokens
+    tap: LineTap | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """An attempt that answered the client (with whatever status)."""
+
+    response: web.StreamResponse
+    status: int  # CLIENT_CLOSED when the client left mid-stream
+    error: str | None = None
+    usage: dict[str, Any] | None = None
+    answer: dict[str, Any] | None = None  # a whole 200 JSON answer, decoded
+    client_disconnected: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """An attempt failed before the client saw a byte; retry elsewhere or report `failure`."""
+
+    failure: GatewayError | web.Response
+    reason: str  # one of the RETRY_* above: the label it is counted under

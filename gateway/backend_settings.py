@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from routing.state import METRICS_FORMATS, BackendSpec
 
@@ -46,18 +46,34 @@ class BackendSettings(BaseModel):
         description="The weights it serves, as the operator names them: part of the response "
         "cache's key, so new weights under the same model name never serve the old ones' "
         "answers.")
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="The backend's own API key (a vLLM started with `--api-key`), sent as "
+        "`Authorization: Bearer` on requests and on scrapes of its `/metrics` and `/v1/models`; "
+        "never shown in logs or `/admin/backends`. The client's own key is never forwarded.")
 
     def to_spec(self, default_id: str) -> BackendSpec:
         return BackendSpec(
             id=self.id or default_id, url=self.url, models=self.models,
             metrics_format=None if self.metrics_format == "auto" else self.metrics_format,
             weight=self.weight, labels=MappingProxyType(dict(self.labels)),
-            max_batch_total_tokens=self.max_batch_total_tokens, kv_unified=self.kv_unified)
+            max_batch_total_tokens=self.max_batch_total_tokens, kv_unified=self.kv_unified,
+            api_key=self.api_key.get_secret_value() if self.api_key is not None else None)
 
     @field_validator("url")
     @classmethod
     def _base_url(cls, value: str) -> str:
         return normalise_backend_url(value)
+
+    @field_validator("api_key")
+    @classmethod
+    def _header_safe(cls, value: SecretStr | None) -> SecretStr | None:
+        """A key goes into a header line: printable ASCII without spaces (never echoed)."""
+        if value is not None:
+            key = value.get_secret_value()
+            if not key or not all("!" <= c <= "~" for c in key):
+                raise ValueError("must be printable ASCII without spaces")
+        return value
 
     @field_validator("metrics_format")
     @classmethod

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 from gateway.config import ENV_PREFIX, Settings
@@ -146,7 +146,8 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-_SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string"}
+_SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string",
+            SecretStr: "string (secret)"}
 
 
 def _type(annotation: Any, path: str) -> str:

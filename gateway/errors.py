@@ -4,10 +4,14 @@ Every failure the gateway reports itself is a `GatewayError`; the one error midd
 (gateway/app.py) turns it into `{"error": {"message", "type", "param", "code"}}` with its status.
 Foreign exceptions are wrapped where they are caught, with `raise ... from exc`.
 
-Backends answer errors in two shapes: OpenAI's nested one, and older vLLM's flat one
-(`{"object": "error", "message": ..., "type": ..., "param": ..., "code": ...}`, also found nested
-as `{"error": {"object": "error", ...}}` inside streams). `normalise_error_body` turns either into
-OpenAI's shape so clients see one format.
+Backends answer errors in several shapes: OpenAI's nested one (vLLM, llama.cpp's
+`{"error": {"code", "message", "type"}}`), older vLLM's flat one (`{"object": "error", "message":
+..., "type": ..., "param": ..., "code": ...}`, also found nested as `{"error": {"object": "error",
+...}}` inside streams), TGI's `{"error": "text", "error_type": ...}`, a bare `{"message":
+"text"}`, and plain text (a proxy's HTML page). `normalise_error_body` turns each into OpenAI's
+shape, the backend's message kept, so clients see one format.
+
+Every 503 carries `Retry-After` (one second unless its maker knows better).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Any, ClassVar
 import orjson
 
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+# A 503 of the gateway's own that knows no better delay: a backend or the store may be back soon.
+_RETRY_SOON: Mapping[str, str] = MappingProxyType({"Retry-After": "1"})
 
 
 class GatewayError(Exception):
@@ -32,7 +38,8 @@ class GatewayError(Exception):
         super().__init__(message)
         self.message = message
         self.param = param
-        self.headers = _NO_HEADERS  # extra response headers, e.g. Retry-After on a 429
+        # Extra response headers, e.g. Retry-After on a 429; every 503 carries one.
+        self.headers = _RETRY_SOON if self.status == 503 else _NO_HEADERS
 
     def body(self) -> bytes:
         return error_body(self.message, type_=self.type, param=self.param, code=self.code)
@@ -172,6 +179,8 @@ def normalise_error(payload: object, *, status: int) -> dict[str, Any] | None:
     elif isinstance(inner, str):
         # Some servers (TGI, llama.cpp proxies) answer {"error": "text", "error_type": ...}.
         source = {"message": inner, "type": payload.get("error_type")}
+    elif inner is None and isinstance(payload.get("message"), str):  # a bare message object
+        source = payload
     else:
         return None
     fields = {name: source.get(name) for name in _ERROR_FIELDS}
@@ -190,6 +199,8 @@ def normalise_error_body(body: bytes, *, status: int) -> bytes:
     except orjson.JSONDecodeError:
         text = body.decode("utf-8", "replace").strip()[:500] or f"backend answered HTTP {status}"
         return error_body(text, type_="upstream_error", code=status)
+    if isinstance(payload, str) and payload.strip():
+        return error_body(payload.strip()[:500], type_="upstream_error", code=status)
     normalised = normalise_error(payload, status=status)
     if normalised is None:
         return error_body(

@@ -5,8 +5,12 @@
 request's `Outcome` (gateway/attempt.py). It calls nobody back; when the client hangs up it
 re-raises the cancellation as a `ClientGone` carrying the `Outcome`.
 
-- An attempt that failed before the client saw a byte (connection failure, 502/503) is retried
-  once on another backend; a backend's other answers are relayed, never retried.
+- An attempt that failed before the client saw a byte (connection failure or reset, no first
+  byte within the first-byte timeout, a 5xx or a 429) is retried once on another backend, while
+  the retry budget (routing/retry_budget.py) allows; otherwise the client gets that failure: a
+  504 for a timeout, the backend's own answer for an error it sent. A backend's other answers are
+  relayed, never retried, and nothing is retried once a byte reached the client. Retries and
+  refusals of the budget are counted (`RetryMetrics`).
 - Every attempt holds its gate dispatch (a Fleet lease) for exactly its lifetime, so the in-flight
   count is released on every path, client disconnect and cancellation included. A whole answer
   teaches the gate the backend's speed and the reply's length (`completion_of`); a stream's first
@@ -27,6 +31,7 @@ from gateway.exchange import Exchange
 from gateway.relay import Relay, Relayed, Retry, UpstreamCall
 from gateway.sse import StreamObserver
 from routing.dispatch import Completion, Dispatch, Job
+from routing.retry_budget import RetryBudget
 
 __all__ = ["ClientGone", "Forwarded", "Outcome", "Proxy", "UpstreamCall", "completion_of"]
 
@@ -43,16 +48,35 @@ class Gate(Protocol):
     def reroute(self, dispatch: Dispatch) -> Dispatch | None: ...
 
 
+class RetryMetrics(Protocol):
+    """Where retries are counted (gateway.telemetry.Telemetry)."""
+
+    def retried(self, reason: str) -> None: ...
+    def retry_budget_exhausted(self) -> None: ...
+
+
+class _Uncounted:
+    def retried(self, reason: str) -> None:
+        del reason
+
+    def retry_budget_exhausted(self) -> None:
+        return None
+
+
 class Proxy:
-    def __init__(self, *, relay: Relay, gate: Gate, clock: Callable[[], float]) -> None:
+    def __init__(self, *, relay: Relay, gate: Gate, clock: Callable[[], float],
+                 budget: RetryBudget | None = None, metrics: RetryMetrics | None = None) -> None:
         self._relay = relay
         self._gate = gate
         self._clock = clock
+        self._budget = budget if budget is not None else RetryBudget()
+        self._metrics: RetryMetrics = metrics if metrics is not None else _Uncounted()
 
     async def forward(self, request: web.Request, ex: Exchange, call: UpstreamCall,
                       job: Job) -> Forwarded:
         """The answer of the first backend that gives one. Admission refusing is a reply of
-        429/503 with Retry-After; backend failures are 502/503/504."""
+        429/503 with Retry-After; a failure of every attempt is 502 (unreachable), 504 (first-byte
+        timeout) or the last backend's own error answer."""
         timing = ex.timing
         start = timing.queue_start = self._clock()
         try:
@@ -71,18 +95,38 @@ class Proxy:
         # the request (its cost estimate and routing; all of acquire when it was not queued).
         timing.queue_end = timing.route_start = min(start + dispatch.queue_wait_s, now)
         timing.route_end = now
-        while True:
-            result = await self._attempt(request, ex, call, job, dispatch)
-            if not isinstance(result, Retry):
-                return result
-            retry = self._gate.reroute(dispatch) if dispatch.attempt < MAX_ATTEMPTS else None
-            if retry is None:
-                break
-            dispatch = retry
+        budget = self._budget
+        budget.started()
+        retrying = False  # this request holds a share of the retry budget
+        try:
+            while True:
+                result = await self._attempt(request, ex, call, job, dispatch)
+                if retrying:
+                    budget.retry_ended()
+                    retrying = False
+                if not isinstance(result, Retry):
+                    return result
+                if dispatch.attempt >= MAX_ATTEMPTS:
+                    break
+                if not budget.allows():
+                    self._metrics.retry_budget_exhausted()
+                    break
+                retry = self._gate.reroute(dispatch)
+                if retry is None:  # no other backend can take it
+                    break
+                budget.take()
+                retrying = True
+                self._metrics.retried(result.reason)
+                dispatch = retry
+        finally:
+            if retrying:
+                budget.retry_ended()
+            budget.ended()
         failure = result.failure
         if isinstance(failure, web.Response):
             return Forwarded(failure, self._outcome(ex, call, job, dispatch, failure.status,
-                                                    error="retryable status", placed=False))
+                                                    error=f"backend answered HTTP {failure.status}",
+                                                    placed=False))
         return Forwarded(failure, self._outcome(ex, call, job, dispatch, failure.status,
                                                 error=failure.message, placed=False))
 
@@ -102,9 +146,6 @@ class Proxy:
                 raise ClientGone(self._outcome(ex, call, job, dispatch, CLIENT_CLOSED, observer,
                                                error="client gone",
                                                client_disconnected=True)) from None
-            except GatewayError as exc:  # the first byte's deadline passed (UpstreamTimeout)
-                return Forwarded(exc, self._outcome(ex, call, job, dispatch, exc.status,
-                                                    observer, error=exc.message))
             if isinstance(result, Retry):
                 return result
             # Only a whole answer teaches: a cut stream's last gap is the failure, not a token.

@@ -1,20 +1,24 @@
 """One attempt on one backend: send the request, relay its answer, say what came of it.
 
-- A connection failure (refused, reset, timeout while connecting, closed before any body byte) or
-  a 502/503 answer is a `Retry`: nothing reached the client, so the proxy may try elsewhere.
-  Once the first byte went out, a failure ends the stream with an SSE error event and `[DONE]`,
-  never a silent truncation.
-- A backend's 4xx (and any other status) is relayed with its status; only the error body is
-  normalised to OpenAI's shape.
+- Anything that fails before the client saw a byte is a `Retry` (with its reason), so the proxy
+  may try elsewhere: a connection failure (refused, reset, closed before any body byte), no first
+  byte within the first-byte timeout (the attempt's connection is closed: the backend aborts),
+  a 5xx or a 429. Once the first byte went out, a failure ends the stream with an SSE error
+  event and `[DONE]`, never a silent truncation.
+- A backend's error is relayed with its status and its `Retry-After`, and nothing else of its
+  headers; its body is normalised to OpenAI's shape, the backend's message kept.
+- A stream is watched (gateway/stream_watch.py): a backend silent for the stream idle timeout is
+  cut (an error event and `[DONE]` for the client, a `stream_idle` failure of the backend); a
+  client whose writes block for the client write timeout is cut off as a client disconnect,
+  never a fault of the backend.
 - Leaving an attempt before its body was read to the end closes the upstream connection, so the
   backend aborts the request and frees its KV cache at once.
 - Streams are relayed chunk by chunk as they arrive: bytes unchanged, written (and so flushed)
   immediately; `StreamObserver` picks out the few facts the gateway records. A whole answer is
-  decoded once, here, for everyone who reads it later.
-- A stream that identical streams follow (the cache's `LineTap.followed`) outlives its own
-  client: when the client leaves, the upstream is handed to a task that reads on for the
-  followers while any remains and closes it (the backend aborts) when the last one goes. The
-  attempt's lease on its backend is held until then: the backend still holds its KV.
+  decoded once, here, for everyone who reads it later. A stream that identical streams follow
+  outlives its own client (gateway/carry.py).
+- The backend's own API key, if it has one, goes as `Authorization: Bearer`; nothing of the
+  client's headers is forwarded (its key least of all).
 """
 
 from __future__ import annotations
@@ -23,16 +27,25 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway.attempt import CLIENT_CLOSED
+from gateway.attempt import (
+    CLIENT_CLOSED,
+    RETRY_5XX,
+    RETRY_429,
+    RETRY_CONNECT,
+    RETRY_RESET,
+    RETRY_TIMEOUT,
+    Relayed,
+    Retry,
+    UpstreamCall,
+)
+from gateway.carry import Carrier, LineTap
 from gateway.errors import (
-    GatewayError,
     UpstreamTimeout,
     UpstreamUnreachable,
     normalise_error_body,
@@ -40,9 +53,11 @@ from gateway.errors import (
 from gateway.exchange import Exchange
 from gateway.headers import prepare_stream
 from gateway.sse import DONE_EVENT, StreamObserver, error_event
+from gateway.stream_watch import StreamIdle, StreamStopped, StreamWatch
 from routing.dispatch import Dispatch
 
-RETRY_STATUSES = frozenset({502, 503})
+__all__ = ["HealthView", "LineTap", "Relay", "Relayed", "Retry", "UpstreamCall",
+           "retry_after_s"]
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -56,83 +71,38 @@ class HealthView(Protocol):
     def hold_off(self, backend_id: str, until: float) -> None: ...
 
 
-class LineTap(Protocol):
-    """Sees a stream's complete SSE lines as the client gets them (the cache's store side and
-    the identical streams following this one, gateway/cache)."""
-
-    def stream_lines(self, lines: bytes) -> None: ...
-
-    def followed(self) -> bool:
-        """Identical streams follow this one now."""
-        ...
-
-    def carry_on(self) -> None:
-        """The client left; the upstream is read on for the followers."""
-        ...
-
-    def carried_end(self, usage: dict[str, Any] | None, *, whole: bool) -> None:
-        """The upstream read on for the followers ended."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamCall:
-    """One client request, ready to send to any backend that serves `model`."""
-
-    path: str  # "/v1/chat/completions" or "/v1/completions"
-    body: bytes  # the client's bytes, or re-encoded (alias resolved, stream usage asked for)
-    model: str  # the real model name
-    stream: bool
-    # The gateway added `stream_options.include_usage` the client did not ask for: the usage-only
-    # event is dropped from the relayed stream (gateway/sse.py).
-    strip_usage: bool = False
-    choices: int = 1  # the body's `n`: usage and text events count every choice's tokens
-    tap: LineTap | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Relayed:
-    """An attempt that answered the client (with whatever status)."""
-
-    response: web.StreamResponse
-    status: int  # CLIENT_CLOSED when the client left mid-stream
-    error: str | None = None
-    usage: dict[str, Any] | None = None
-    answer: dict[str, Any] | None = None  # a whole 200 JSON answer, decoded
-    client_disconnected: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """An attempt failed before the client saw a byte; retry elsewhere or report `failure`."""
-
-    failure: GatewayError | web.Response
-
-
 class Relay:
     def __init__(self, *, session: aiohttp.ClientSession, fleet: HealthView,
-                 first_byte_timeout: float, clock: Callable[[], float]) -> None:
+                 first_byte_timeout: float, clock: Callable[[], float],
+                 stream_idle_timeout: float = 60.0, client_write_timeout: float = 60.0) -> None:
         self._session = session
         self._fleet = fleet
         self._first_byte_timeout = first_byte_timeout
+        self._idle_timeout = stream_idle_timeout
+        self._write_timeout = client_write_timeout
         self._clock = clock
-        # Upstreams read on for followers after their own client left, each by its task, and
-        # the same tasks by the dispatch they belong to (whose lease they keep held).
-        self._carried: dict[aiohttp.ClientResponse, asyncio.Task[None]] = {}
-        self._carried_for: dict[Dispatch, asyncio.Task[None]] = {}
+        self._carrier = Carrier(idle_s=stream_idle_timeout, on_idle=self._idled)
+        self._live: set[StreamWatch] = set()  # the streams being relayed to their clients now
+
+    @property
+    def live_streams(self) -> frozenset[StreamWatch]:
+        """The streams being relayed now; `stop` one to end it with an error event and
+        `[DONE]`."""
+        return frozenset(self._live)
 
     def carried(self, dispatch: Dispatch) -> asyncio.Task[None] | None:
         """The task reading `dispatch`'s stream on for its followers, if its client left while
         identical streams followed it: the backend still generates it until the task ends."""
-        return self._carried_for.get(dispatch)
+        return self._carrier.carried(dispatch)
 
     async def attempt(self, request: web.Request, ex: Exchange, call: UpstreamCall,
                       dispatch: Dispatch, observer: StreamObserver | None) -> Relayed | Retry:
-        """Raises UpstreamTimeout when the backend sends nothing within the first-byte timeout
-        (never retried: the backend may still be working on it)."""
         backend_id = dispatch.backend_id
-        url = dispatch.decision.backend.spec.url + call.path
+        spec = dispatch.decision.backend.spec
+        url = spec.url + call.path
         headers = {"Content-Type": "application/json", "X-Request-Id": ex.request_id}
+        if spec.api_key is not None:
+            headers["Authorization"] = "Bearer " + spec.api_key
         timing = ex.timing
         if timing.dispatch is None:
             timing.dispatch = self._clock()
@@ -144,8 +114,8 @@ class Relay:
                 upstream = await self._session.post(url, data=call.body, headers=headers)
         except aiohttp.ClientError as exc:
             return self._connection_failed(backend_id, exc)
-        except TimeoutError as exc:
-            raise self._timed_out(backend_id) from exc
+        except TimeoutError:  # the cancelled request's connection is closed: the backend aborts
+            return self._timed_out(backend_id)
         if call.stream and timing.connected is None:
             # A streaming backend answers its headers on accepting the request, before its queue
             # and prefill: dispatch → here is the `connect` part of TTFT. A JSON answer's headers
@@ -160,24 +130,30 @@ class Relay:
             # Closing (not releasing) a connection whose body was not read to the end is what
             # makes the backend abort the request; after a complete body it goes to the pool.
             # An upstream carried on for followers is its task's to close.
-            if upstream not in self._carried:
+            if not self._carrier.holds(upstream):
                 if upstream.content.at_eof():
                     upstream.release()
                 else:
                     upstream.close()
 
     def _connection_failed(self, backend_id: str, exc: BaseException) -> Retry:
-        if isinstance(exc, aiohttp.ClientConnectorError):  # refused, or no route to it
-            self._fleet.record_unreachable(backend_id, self._clock())
+        if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+            self._fleet.record_unreachable(backend_id, self._clock())  # refused, or no route
+            reason = RETRY_CONNECT
         else:  # reset, or closed before answering
             self._fleet.record_request_failure(backend_id, self._clock(), "reset")
-        return Retry(UpstreamUnreachable(f"backend {backend_id} unreachable: {_describe(exc)}"))
+            reason = RETRY_RESET
+        return Retry(UpstreamUnreachable(f"backend {backend_id} unreachable: {_describe(exc)}"),
+                     reason)
 
-    def _timed_out(self, backend_id: str) -> UpstreamTimeout:
+    def _timed_out(self, backend_id: str) -> Retry:
         self._fleet.record_request_failure(backend_id, self._clock(), "timeout")
-        return UpstreamTimeout(
-            f"backend {backend_id} sent nothing within {self._first_byte_timeout:g} s"
-        )
+        return Retry(UpstreamTimeout(
+            f"backend {backend_id} sent nothing within {self._first_byte_timeout:g} s"),
+            RETRY_TIMEOUT)
+
+    def _idled(self, backend_id: str) -> None:
+        self._fleet.record_request_failure(backend_id, self._clock(), "stream_idle")
 
     async def _relay_body(self, call: UpstreamCall, backend_id: str,
                           upstream: aiohttp.ClientResponse, deadline: float) -> Relayed | Retry:
@@ -188,30 +164,33 @@ class Relay:
                 body = await upstream.read()
         except aiohttp.ClientError as exc:
             return self._connection_failed(backend_id, exc)
-        except TimeoutError as exc:
-            raise self._timed_out(backend_id) from exc
+        except TimeoutError:
+            return self._timed_out(backend_id)
         status = upstream.status
+        headers = {
+            "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+            "x-kvgate-backend": backend_id,
+            "x-kvgate-model": call.model,
+        }
+        retry_after = upstream.headers.get("Retry-After")
         if status >= 400:
             body = normalise_error_body(body, status=status)
-        response = web.Response(
-            status=status,
-            body=body,
-            headers={
-                "Content-Type": upstream.headers.get("Content-Type", "application/json"),
-                "x-kvgate-backend": backend_id,
-                "x-kvgate-model": call.model,
-            },
-        )
+            headers["Content-Type"] = "application/json"
+            if retry_after is not None:
+                headers["Retry-After"] = retry_after
+        response = web.Response(status=status, body=body, headers=headers)
         now = self._clock()
-        held = retry_after_s(upstream.headers.get("Retry-After")) if status in (429, 503) else None
+        held = retry_after_s(retry_after) if status in (429, 503) else None
         if held is not None:  # the backend asked for a pause: no traffic, not a fault
             self._fleet.hold_off(backend_id, now + held)
         elif status >= 500:
             self._fleet.record_request_failure(backend_id, now, "status_5xx")
         else:
             self._fleet.record_request_success(backend_id, now)
-        if status in RETRY_STATUSES:
-            return Retry(response)
+        if status >= 500:
+            return Retry(response, RETRY_5XX)
+        if status == 429:
+            return Retry(response, RETRY_429)
         if status != 200:
             return Relayed(response, status, error=None if status < 400 else "status")
         answer = _decoded(body) if call.tap is not None or b'"usage"' in body else None
@@ -229,8 +208,8 @@ class Relay:
                 first = await content.readany()
         except aiohttp.ClientError as exc:
             return self._connection_failed(backend_id, exc)
-        except TimeoutError as exc:
-            raise self._timed_out(backend_id) from exc
+        except TimeoutError:
+            return self._timed_out(backend_id)
         if not first:
             return self._connection_failed(backend_id, ConnectionError("empty stream"))
         self._fleet.record_request_success(backend_id, self._clock())
@@ -244,15 +223,25 @@ class Relay:
                 "x-kvgate-model": call.model,
             }
         )
+        loop = asyncio.get_running_loop()
+        time = loop.time
+        watch = StreamWatch(loop, content, idle_s=self._idle_timeout,
+                            write_s=self._write_timeout,
+                            on_client_stuck=lambda: _cut_off(request, backend_id))
+        self._live.add(watch)
         failure: str | None = None
+        code = "upstream_stream_failed"
         tap = call.tap
         try:
+            watch.write_since = time()
             await prepare_stream(request, response, ex, self._clock(), dispatch.route_header())
             out = observer.feed(first)
             if out:
                 await response.write(out)
                 if tap is not None:
                     tap.stream_lines(out)
+            watch.write_since = None
+            watch.read_since = time()
             # The hot loop: read what arrived, note what matters, write it on at once.
             while True:
                 try:
@@ -261,13 +250,25 @@ class Relay:
                     failure = f"backend {backend_id} failed mid-stream: {_describe(exc)}"
                     self._fleet.record_request_failure(backend_id, self._clock(), "reset")
                     break
+                except StreamIdle as exc:
+                    failure = f"backend {backend_id} stalled mid-stream: {exc}"
+                    code = "upstream_stream_idle"
+                    self._idled(backend_id)
+                    break
+                except StreamStopped as exc:
+                    failure, code = str(exc), "stream_stopped"
+                    break
                 if not chunk:
                     break
                 out = observer.feed(chunk)
                 if out:
+                    watch.write_since = time()
                     await response.write(out)
+                    watch.write_since = None
                     if tap is not None:
                         tap.stream_lines(out)
+                watch.read_since = time()
+            watch.write_since = time()
             if failure is None:
                 tail = observer.finish()
                 if tail:
@@ -277,20 +278,22 @@ class Relay:
                 if not observer.complete:
                     failure = f"backend {backend_id} ended the stream before it finished"
             if failure is not None:
-                await response.write(error_event(failure, code="upstream_stream_failed"))
+                await response.write(error_event(failure, code=code))
                 await response.write(DONE_EVENT)
             elif not observer.done:
                 await response.write(DONE_EVENT)
             await response.write_eof()
         except asyncio.CancelledError:
-            # The client hung up (the handler is cancelled); followers, if any, keep the stream.
-            self._carry_on(upstream, observer, tap, dispatch)
+            # The client hung up (the handler is cancelled), or was cut off for reading nothing;
+            # followers, if any, keep the stream.
+            self._carrier.carry_on(upstream, observer, tap, dispatch)
             raise
         except ConnectionResetError:
             # The client went away while we wrote; the caller closes the upstream connection
             # unless followers keep it.
-            self._carry_on(upstream, observer, tap, dispatch)
-            return Relayed(response, CLIENT_CLOSED, "client gone", observer.usage,
+            self._carrier.carry_on(upstream, observer, tap, dispatch)
+            gone = "client stopped reading" if watch.client_stuck else "client gone"
+            return Relayed(response, CLIENT_CLOSED, gone, observer.usage,
                            client_disconnected=True)
         except Exception as exc:
             # A fault of the gateway's own once the stream has started: the status line is gone,
@@ -303,46 +306,20 @@ class Relay:
                 await response.write(DONE_EVENT)
                 await response.write_eof()
             return Relayed(response, 500, failure, observer.usage)
+        finally:
+            watch.close()
+            self._live.discard(watch)
         error = failure or (observer.error or {}).get("message")
         return Relayed(response, 200, error, observer.usage)
 
 
-    def _carry_on(self, upstream: aiohttp.ClientResponse, observer: StreamObserver,
-                  tap: LineTap | None, dispatch: Dispatch) -> None:
-        """Hands the upstream to a task reading on for the followers, if there are any."""
-        if tap is None or not tap.followed() or upstream.content.at_eof():
-            return
-        tap.carry_on()
-        task = asyncio.get_running_loop().create_task(self._read_on(upstream, observer, tap))
-        self._carried[upstream] = task
-        self._carried_for[dispatch] = task
-        task.add_done_callback(lambda _: self._carried.pop(upstream, None))
-        task.add_done_callback(lambda _: self._carried_for.pop(dispatch, None))
-
-    async def _read_on(self, upstream: aiohttp.ClientResponse, observer: StreamObserver,
-                       tap: LineTap) -> None:
-        """The stream's rest, for the followers only, while any remains."""
-        whole = False
-        try:
-            while tap.followed():
-                chunk = await upstream.content.readany()
-                if not chunk:
-                    tail = observer.finish()
-                    if tail:
-                        tap.stream_lines(tail)
-                    whole = observer.complete and observer.error is None
-                    break
-                out = observer.feed(chunk)
-                if out:
-                    tap.stream_lines(out)
-        except aiohttp.ClientError as exc:
-            log.info("a stream read on for its followers failed: %s", _describe(exc))
-        finally:
-            if upstream.content.at_eof():
-                upstream.release()
-            else:
-                upstream.close()  # the last follower left: the backend aborts
-            tap.carried_end(observer.usage, whole=whole)
+def _cut_off(request: web.Request, backend_id: str) -> None:
+    """Aborts the connection of a client that reads nothing of its stream: its pending write
+    and its handler end as a client disconnect."""
+    log.info("a client read nothing of its stream from %s: cut off", backend_id)
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
 
 
 def retry_after_s(value: str | None) -> float | None:

@@ -178,11 +178,11 @@ class Poller:
             own_session: aiohttp.ClientSession | None = None
             backends: list[ScrapeState] = []
             for spec in self._fleet.specs:
-                client = client_for(spec.url, self._session)
+                client = client_for(spec.url, self._session, api_key=spec.api_key)
                 if client is None:  # https and the like: aiohttp, on a session of our own
                     if own_session is None:
                         own_session = await stack.enter_async_context(_session())
-                    client = SessionClient(own_session, spec.url)
+                    client = SessionClient(own_session, spec.url, api_key=spec.api_key)
                 stack.push_async_callback(client.close)  # abandons a scrape in flight
                 backend = ScrapeState(spec, client, tiered=self._full_every > 1)
                 if spec.metrics_format is not None:

@@ -12,7 +12,8 @@ Contract
   `client_for` picks).
 - `fetch(path, timeout, done)` sends `GET <base><path> HTTP/1.1` with Host,
   `Accept-Encoding: identity` (a gzipped payload would cost the backend and the gateway CPU to
-  save loopback-cheap bytes) and `Connection: keep-alive`, and later calls `done` exactly once,
+  save loopback-cheap bytes), `Connection: keep-alive` and, for a backend with an API key of its
+  own, `Authorization: Bearer <key>`, and later calls `done` exactly once,
   never from inside `fetch`, with the body of a 200 or a `ScrapeError`. `get` is the same as a
   coroutine. Bodies are framed by Content-Length, chunked transfer coding or, when the server
   gives neither, the end of the connection (routing/http_response.py).
@@ -97,7 +98,8 @@ async def get(client: ScrapeClient, path: str, timeout: float) -> bytes:
 class KeepAliveClient:
     """One backend's keep-alive connection (see the module docstring)."""
 
-    def __init__(self, base_url: str, *, max_body: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, base_url: str, *, max_body: int = MAX_BODY_BYTES,
+                 api_key: str | None = None) -> None:
         if not self.supports(base_url):
             raise ValueError(f"not a plain http URL: {base_url!r}")
         parts = urlsplit(base_url)
@@ -107,6 +109,7 @@ class KeepAliveClient:
         self._netloc = parts.netloc
         self._base_path = parts.path.rstrip("/")
         self._max_body = max_body
+        self._auth = "" if api_key is None else f"Authorization: Bearer {api_key}\r\n"
         self._requests: dict[str, bytes] = {}  # path -> the request's bytes, built once
         self._conn: _Connection | None = None
         self._connecting: asyncio.Task[None] | None = None
@@ -161,8 +164,8 @@ class KeepAliveClient:
         return (
             f"GET {target} HTTP/1.1\r\nHost: {self._netloc}\r\n"
             "User-Agent: kvgate-poller\r\nAccept: text/plain, */*\r\n"
-            "Accept-Encoding: identity\r\nConnection: keep-alive\r\n\r\n"
-        ).encode("ascii")
+            f"Accept-Encoding: identity\r\nConnection: keep-alive\r\n{self._auth}\r\n"
+        ).encode("latin-1")
 
     def _retry(self) -> None:
         self._connecting = asyncio.get_running_loop().create_task(self._connect_and_send())

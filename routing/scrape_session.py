@@ -6,7 +6,8 @@ Contract
   backend when the poller's caller passes a session. Same answers, same error classes; one task
   per request. The session is the caller's: `close` leaves it open.
 - `client_for` picks: the session's client when a session is given, else the keep-alive client
-  for plain http URLs, else None (the poller then opens a session of its own).
+  for plain http URLs, else None (the poller then opens a session of its own). A backend's
+  `api_key` goes as `Authorization: Bearer` on each of its scrapes.
 """
 
 from __future__ import annotations
@@ -32,15 +33,16 @@ _IDENTITY = {"Accept-Encoding": "identity"}
 
 
 def client_for(
-    base_url: str, session: aiohttp.ClientSession | None, *, max_body: int = MAX_BODY_BYTES
+    base_url: str, session: aiohttp.ClientSession | None, *, max_body: int = MAX_BODY_BYTES,
+    api_key: str | None = None,
 ) -> ScrapeClient | None:
     """The client for one backend: `SessionClient` over `session` when one is given, else the
     keep-alive client for plain http URLs; None when the URL needs a session (https, user info)
     and none was given."""
     if session is not None:
-        return SessionClient(session, base_url, max_body=max_body)
+        return SessionClient(session, base_url, max_body=max_body, api_key=api_key)
     if KeepAliveClient.supports(base_url):
-        return KeepAliveClient(base_url, max_body=max_body)
+        return KeepAliveClient(base_url, max_body=max_body, api_key=api_key)
     return None
 
 
@@ -49,9 +51,12 @@ class SessionClient:
     passed in), one task per request. The session is the caller's: `close` leaves it open."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, base_url: str, *, max_body: int = MAX_BODY_BYTES
+        self, session: aiohttp.ClientSession, base_url: str, *, max_body: int = MAX_BODY_BYTES,
+        api_key: str | None = None,
     ) -> None:
         self._session = session
+        self._headers = _IDENTITY if api_key is None else {
+            **_IDENTITY, "Authorization": f"Bearer {api_key}"}
         self._base_url = base_url
         self._max_body = max_body
         self._task: asyncio.Task[bytes] | None = None
@@ -87,7 +92,7 @@ class SessionClient:
         try:
             async with asyncio.timeout(timeout):
                 async with self._session.get(
-                    url, allow_redirects=False, headers=_IDENTITY
+                    url, allow_redirects=False, headers=self._headers
                 ) as resp:
                     if resp.status != 200:
                         reason = f"HTTP {resp.status} {resp.reason or ''}".rstrip()

@@ -43,6 +43,9 @@ class BackendSpec:
     # llama.cpp: its slots share one KV cache (llama-server's default without -np, or -kvu), so
     # each slot's n_ctx in /slots is the whole context, not its share.
     kv_unified: bool = False
+    # Sent as `Authorization: Bearer` on requests and scrapes (a vLLM started with --api-key);
+    # a secret: kept out of repr, so out of logs.
+    api_key: str | None = field(default=None, repr=False)
 
 
 class BackendSnapshot(NamedTuple):

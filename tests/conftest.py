@@ -63,11 +63,15 @@ MODULES = {
     "test_gateway_learning": "realtime",
     "test_gateway_proxy": "loopback",
     "test_gateway_ratelimit": "unit",
+    "test_gateway_relay_errors": "unit",
+    "test_gateway_relay_watch": "unit",
     "test_gateway_routing": "unit",
     "test_gateway_serve": "loopback",
     "test_gateway_small_model": "loopback",
     "test_gateway_sse": "unit",
     "test_gateway_telemetry": "loopback",
+    "test_gateway_upstream_errors": "loopback",
+    "test_gateway_upstream_timeouts": "realtime",
     "test_loadtest_benches": "bench",
     "test_loadtest_live_fleet": "bench",
     "test_loadtest_probe": "unit",
@@ -94,6 +98,7 @@ MODULES = {
     "test_routing_poller_filter": "loopback",
     "test_routing_poller_tiers": "loopback",
     "test_routing_prefix": "unit",
+    "test_routing_retry_budget": "unit",
     "test_routing_probe": "unit",
     "test_routing_scorers": "unit",
     "test_routing_scrape_client": "loopback",
@@ -147,7 +152,7 @@ OVERRIDES = {
         "realtime",
     "test_gateway_cache::test_an_identical_stream_follows_one_in_flight_as_its_text_comes":
         "realtime",
-    "test_gateway_proxy::test_a_silent_backend_times_out_with_504_and_is_not_retried":
+    "test_gateway_proxy::test_when_every_backend_is_silent_the_client_gets_504_after_one_retry":
         "realtime",
     "test_gateway_ratelimit::test_a_key_over_its_rpm_gets_429_with_retry_after_and_other_keys"
     "_do_not": "loopback",

@@ -22,6 +22,7 @@ ADMISSION_RESULT = "kvgate.admission.result"
 ADMISSION_REASON = "kvgate.admission.reason"
 SMALL_MODEL = "kvgate.small_model.chosen"
 POLL_ERROR = "kvgate.poll.error"
+RETRY_REASON = "reason"  # why an attempt was tried again (gateway/attempt.py's RETRY_*)
 
 OTHER = "_OTHER"  # the value that stands for every value past the bound
 MAX_VALUE_LENGTH = 128

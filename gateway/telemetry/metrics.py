@@ -162,6 +162,18 @@ class RequestMetrics:
             unit="{error}",
             description="Failed scrapes of a backend's load endpoint, by backend and error.",
         )  # fmt: skip
+        self.retries = CounterSet(
+            meter, "kvgate.retries", (L.RETRY_REASON,),
+            unit="{retry}",
+            description="Requests tried again on another backend after a failure before the"
+            " first byte, by the failure (connect, reset, timeout, status_5xx, status_429).",
+        )  # fmt: skip
+        self.retry_budget_exhausted = CounterSet(
+            meter, "kvgate.retry_budget.exhausted", (),
+            unit="{request}",
+            description="Failures returned as they were because the retry budget (20% of the"
+            " requests in flight, at least 3 retries at once) was spent.",
+        )  # fmt: skip
 
     def _series_of(self, outcome: RequestOutcome) -> _RequestSeries:
         raw = (
@@ -243,6 +255,9 @@ class RequestMetrics:
                     (guard(L.REQUEST_MODEL, outcome.request_model), result)
                 )
             series.record(queue)
+
+    def retried(self, reason: str) -> None:
+        self.retries.add((self._guard(L.RETRY_REASON, reason),))
 
     def poll_error(self, backend: str, error: str) -> None:
         guard = self._guard

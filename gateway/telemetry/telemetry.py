@@ -114,6 +114,14 @@ class Telemetry:
         """Count one failed scrape of `backend`; `error` is a short class, e.g. "timeout"."""
         self._metrics.poll_error(backend, error)
 
+    def retried(self, reason: str) -> None:
+        """Count one request tried again elsewhere after a failure before its first byte."""
+        self._metrics.retried(reason)
+
+    def retry_budget_exhausted(self) -> None:
+        """Count one failure returned as it was: the retry budget was spent."""
+        self._metrics.retry_budget_exhausted.add(())
+
     def register_backend_gauges(self, source: BackendGaugesSource) -> None:
         """Per-backend gauges read `source()` at each scrape; a later call replaces it."""
         self._gauges.set_backend_source(source)
