@@ -7,7 +7,10 @@ attempt ends. The policy's own hooks (routing/policy.py `DispatchHook`) run besi
 - `WorkLearner`: each backend's `BackendWork` records what was sent there (its uncached prompt,
   at the backend's learned prefill speed) and what ended.
 - `SpeedLearner`: each backend's speed (`ProfileEstimator`) from the attempt's first token and
-  from the reply's TPOT (`Completion.decode_tpot`), against the prediction it was dispatched on.
+  from the reply's TPOT (`Completion.decode_tpot`), against the prediction it was dispatched on,
+  pooled with the other backends of its class (routing/speed_pool.py): the class is read from
+  the candidate each dispatch went to, and every member's scale is settled again whenever one of
+  them learns or the class's membership changes.
 - `CostLearner`: the cost model's prompt calibration and output-length distribution, from the
   usage the backend reported.
 """
@@ -21,6 +24,8 @@ from routing.cost import CostModel
 from routing.jobs import Completion, Dispatch
 from routing.prefix import PrefixIndex
 from routing.scheduling.backends import BackendModels
+from routing.speed_pool import SpeedClasses, between_variance, class_log_scale, speed_class
+from routing.state import Candidate
 
 
 class Learner(Protocol):
@@ -87,14 +92,27 @@ class WorkLearner(Moments):
 class SpeedLearner(Moments):
     def __init__(self, models: BackendModels) -> None:
         self._models = models
+        self._classes = SpeedClasses()
+        self._seen: dict[str, Candidate] = {}  # the candidate view each backend was classed from
 
+    def dispatched(self, dispatch: Dispatch, uncached_tokens: int, now: float) -> None:
+        candidate = dispatch.decision.backend
+        backend = candidate.id
+        if self._seen.get(backend) is candidate:
+            return
+        self._seen[backend] = candidate
+        changed, left = self._classes.assign(backend, speed_class(candidate))
+        if changed:
+            self._settle(backend)
+            if left is not None:
+                self._settle_class(self._classes.members(left))
 
     def first_token(self, dispatch: Dispatch, now: float) -> None:
         pred = dispatch.prediction
         if pred is not None:
-            state = self._models.state(dispatch.backend_id)
-            state.estimator.observe_ttft(pred, now - dispatch.dispatched_at)
-            state.learned()
+            backend = dispatch.backend_id
+            self._models.state(backend).estimator.observe_ttft(pred, now - dispatch.dispatched_at)
+            self._settle(backend)
 
     def finished(self, dispatch: Dispatch, completion: Completion | None) -> None:
         pred = dispatch.prediction
@@ -106,8 +124,25 @@ class SpeedLearner(Moments):
             backend = dispatch.backend_id
             state = self._models.state(backend)
             state.estimator.observe_tpot(pred.kv_read_tokens, pred.prefill_tokens_per_s, tpot)
-            state.learned()
+            self._settle(backend)
             self._models.replies[backend] = state.estimator.replies
+
+    def _settle(self, backend: str) -> None:
+        self._settle_class(self._classes.siblings(backend))
+
+    def _settle_class(self, members: tuple[str, ...]) -> None:
+        """Pool the members' own estimates and give each the scale it reads from then on."""
+        states = [self._models.state(m) for m in members]
+        if len(states) == 1:
+            states[0].estimator.pool_with(None)
+        else:
+            readings = [s.estimator.reading for s in states]
+            params = states[0].estimator.params
+            pooled, tau2 = class_log_scale(readings, params), between_variance(readings)
+            for s in states:
+                s.estimator.pool_with(pooled, tau2)
+        for s in states:
+            s.learned()
 
 
 class CostLearner(Moments):
