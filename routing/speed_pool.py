@@ -9,21 +9,30 @@ times, so it is averaged as a log):
 - each backend's own estimate is a robust one (routing/speed.py: the median of its recent
   readings), with `n` the readings behind it and the sampling variance of that median (from the
   readings' median absolute deviation);
-- the class's pooled estimate is the mean of its members' own estimates, each weighing its `n`,
-  with the slow-start guess weighing `prior_weight` readings (a class nobody measured yet reads
-  as the slow start);
+- the class's pooled estimate is the mean of its members' own estimates, each weighing its `n`
+  up to `shrink` (no one member's long history outweighs the rest of its class), with the
+  slow-start guess weighing `prior_weight` readings (a class nobody measured yet reads as the
+  slow start);
 - the spread between members that their own sampling noise does not explain, tau^2, says how
   far they really differ: the members' estimates' variance less `NOISE_MARGIN` times their mean
   sampling variance, at least 0 (positive-part James-Stein, made conservative: a few members'
   variance scatters widely, and alike backends would otherwise be read apart by chance about
   one time in three; at three times the noise, about one in twenty, and then by little);
 - a member's weight on its own estimate is the smaller of its confidence, `n / (n + shrink)`,
-  and tau^2 / (tau^2 + its sampling variance); the scale it reads is the pooled estimate moved
-  toward its own by that fraction of the gap, the gap first clamped to `max_log_spread`. So the
-  scale cannot leave a band of `confidence x max_log_spread` around the class's: one reply
-  (n = 1) moves it by at most 1/(1 + shrink) of the largest spread; members whose estimates
-  differ by no more than their noise read as one, however many replies they have; members that
-  really differ (two GPUs of equal memory) keep what their replies show.
+  and tau^2 / (tau^2 + its sampling variance); its deviation is that fraction of the gap
+  between its own estimate and the pooled one, the gap first clamped to `max_log_spread`. So
+  the deviation cannot leave a band of `confidence x max_log_spread`: one reply (n = 1) moves
+  it by at most 1/(1 + shrink) of the largest spread; members whose estimates differ by no more
+  than their noise read as one, however many replies they have; members that really differ
+  (two GPUs of equal memory) come to keep what their replies show. `shrink` is large because a
+  gateway's replies come in correlated bunches (a burst's streams share one batch and one
+  moment of the host's contention): n of them are worth far fewer independent readings;
+- a deviation within `tolerance` is dropped: the member reads the pooled estimate exactly.
+  Alike backends then make alike predictions and a burst is split by their loads alone: a
+  policy that ranks by predicted latency turns a few percent of speed into a lopsided split
+  (on a card far from saturation, batching is nearly free, so the faster-read card wins nearly
+  every request), and the loaded card's readings then drift (the model of a reply's load is
+  taken at its dispatch), which would feed the split back.
 
 A class of one is its own pool: the shrinkage then only eases it off the slow start. Pure: the
 readings are passed in and the result returned; `SpeedClasses` only records membership.
@@ -39,8 +48,9 @@ from typing import NamedTuple
 from routing.state import Candidate
 from routing.ttft import SLOW_START_SCALE
 
-SHRINK_READINGS = 16.0  # readings at which a backend's own estimate weighs as much as its class's
-MAX_CLASS_SPREAD = 4.0  # the most a well-measured backend may read away from its class (factor)
+SHRINK_READINGS = 200.0  # readings at which a member's own estimate weighs as its class's
+MAX_CLASS_SPREAD = 4.0  # the most a well-measured member may read away from its class (factor)
+CLASS_TOLERANCE = 1.15  # a member's deviation from its class's speed within this factor is dropped
 PRIOR_WEIGHT = 0.5  # readings the slow-start guess weighs in a class's pooled estimate
 NOISE_MARGIN = 3.0  # times their sampling noise members must differ by before it counts as real
 
@@ -61,10 +71,12 @@ class PoolParams:
     prior_weight: float = PRIOR_WEIGHT
     shrink: float = SHRINK_READINGS
     max_log_spread: float = math.log(MAX_CLASS_SPREAD)
+    log_tolerance: float = math.log(CLASS_TOLERANCE)
 
     def __post_init__(self) -> None:
-        if not (self.prior_weight > 0.0 and self.shrink > 0.0 and self.max_log_spread >= 0.0):
-            raise ValueError("prior_weight and shrink must be > 0, max_log_spread >= 0")
+        if not (self.prior_weight > 0.0 and self.shrink > 0.0 and self.max_log_spread >= 0.0
+                and self.log_tolerance >= 0.0):
+            raise ValueError("prior_weight and shrink must be > 0, the spread and tolerance >= 0")
 
 
 def confidence(readings: int, params: PoolParams) -> float:
@@ -73,14 +85,15 @@ def confidence(readings: int, params: PoolParams) -> float:
 
 
 def class_log_scale(members: Iterable[SpeedReading], params: PoolParams) -> float:
-    """The class's pooled log scale: its members' own estimates, each weighing its readings,
-    with the slow-start guess weighing `prior_weight` readings."""
+    """The class's pooled log scale: its members' own estimates, each weighing its readings (up
+    to `shrink` of them), with the slow-start guess weighing `prior_weight` readings."""
     weight = params.prior_weight
     total = weight * params.prior_log_scale
     for m in members:
         if m.log_scale is not None and m.readings > 0:
-            weight += m.readings
-            total += m.readings * m.log_scale
+            w = min(float(m.readings), params.shrink)
+            weight += w
+            total += w * m.log_scale
     return total / weight
 
 
@@ -108,13 +121,15 @@ def own_weight(own: SpeedReading, tau2: float | None, params: PoolParams) -> flo
 
 def shrunk_log_scale(own: SpeedReading, pooled: float, params: PoolParams,
                      tau2: float | None = None) -> float:
-    """The log scale a policy reads for a backend: the class's, moved toward its own by its
-    weight (`own_weight`), the gap first clamped to `max_log_spread`."""
+    """The log scale a policy reads for a backend: the class's moved toward its own by its
+    weight (`own_weight`), the gap first clamped to `max_log_spread`; the class's exactly when
+    that move is within the tolerance."""
     if own.log_scale is None or own.readings <= 0:
         return pooled
     spread = params.max_log_spread
     gap = min(spread, max(-spread, own.log_scale - pooled))
-    return pooled + own_weight(own, tau2, params) * gap
+    deviation = own_weight(own, tau2, params) * gap
+    return pooled if abs(deviation) <= params.log_tolerance else pooled + deviation
 
 
 def pooled_log_scales(members: Sequence[SpeedReading], params: PoolParams) -> list[float]:

@@ -324,9 +324,9 @@ def test_nonsense_tpots_keep_the_speed_within_bounds() -> None:
     est = ProfileEstimator(PROFILE)
     for _ in range(1000):
         est.observe_tpot(0.0, 0.0, 1e6)
-    assert est.scale == pytest.approx(100.0, rel=1e-3)
+    assert est.scale == pytest.approx(100.0, rel=1e-2)
     est.observe_tpot(0.0, 0.0, 0.0)  # no reply time: ignored
-    assert est.scale == pytest.approx(100.0, rel=1e-3)
+    assert est.scale == pytest.approx(100.0, rel=1e-2)
 
 
 @pytest.mark.parametrize("seconds", [math.inf, math.nan, -1.0], ids=["inf", "nan", "negative"])
