@@ -177,6 +177,10 @@ class SpeedClasses:
         self._members.setdefault(key, []).append(backend_id)
         return True, left
 
+    def class_of(self, backend_id: str) -> Hashable:
+        """Its class; unassigned, a class of its own (its id)."""
+        return self._class_of.get(backend_id, ("unassigned", backend_id))
+
     def siblings(self, backend_id: str) -> tuple[str, ...]:
         """The backends in `backend_id`'s class, itself included (alone when unassigned)."""
         key = self._class_of.get(backend_id, _NONE)

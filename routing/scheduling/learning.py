@@ -18,6 +18,7 @@ attempt ends. The policy's own hooks (routing/policy.py `DispatchHook`) run besi
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 from typing import Protocol
 
 from routing.cost import CostModel
@@ -90,10 +91,18 @@ class WorkLearner(Moments):
 
 
 class SpeedLearner(Moments):
+    """Speeds pooled by class. A class's pooled estimate is published to all its members when
+    it has moved by more than `REPUBLISH_LOG` since it last was (or the membership changed);
+    in between, only the member that learned takes it up: one reply then costs one member's
+    update, not the class's, and alike members still read one value."""
+
+    REPUBLISH_LOG = 0.01  # about 1%
+
     def __init__(self, models: BackendModels) -> None:
         self._models = models
         self._classes = SpeedClasses()
         self._seen: dict[str, Candidate] = {}  # the candidate view each backend was classed from
+        self._published: dict[Hashable, float] = {}  # each class's pooled log scale, as read
 
     def dispatched(self, dispatch: Dispatch, uncached_tokens: int, now: float) -> None:
         candidate = dispatch.decision.backend
@@ -103,9 +112,11 @@ class SpeedLearner(Moments):
         self._seen[backend] = candidate
         changed, left = self._classes.assign(backend, speed_class(candidate))
         if changed:
-            self._settle(backend)
-            if left is not None:
-                self._settle_class(self._classes.members(left))
+            # A member with no readings of its own moves no pool: it only takes its class's.
+            measured = self._models.state(backend).estimator.reading.readings > 0
+            self._settle(backend, everyone=measured)
+            if left is not None and measured:
+                self._settle_class(left, self._classes.members(left), None)
 
     def first_token(self, dispatch: Dispatch, now: float) -> None:
         pred = dispatch.prediction
@@ -127,21 +138,32 @@ class SpeedLearner(Moments):
             self._settle(backend)
             self._models.replies[backend] = state.estimator.replies
 
-    def _settle(self, backend: str) -> None:
-        self._settle_class(self._classes.siblings(backend))
+    def _settle(self, backend: str, *, everyone: bool = False) -> None:
+        key = self._classes.class_of(backend)
+        self._settle_class(key, self._classes.siblings(backend), None if everyone else backend)
 
-    def _settle_class(self, members: tuple[str, ...]) -> None:
-        """Pool the members' own estimates and give each the scale it reads from then on."""
+    def _settle_class(self, key: Hashable, members: tuple[str, ...], learner: str | None) -> None:
+        """Pool the members' own estimates; give the new scale to `learner` alone while the
+        pooled estimate stays within `REPUBLISH_LOG` of the published one, else (or with no
+        `learner`) to every member."""
         states = [self._models.state(m) for m in members]
         if len(states) == 1:
             states[0].estimator.pool_with(None)
-        else:
-            readings = [s.estimator.reading for s in states]
-            params = states[0].estimator.params
-            pooled, tau2 = class_log_scale(readings, params), between_variance(readings)
-            for s in states:
-                s.estimator.pool_with(pooled, tau2)
+            states[0].learned()
+            return
+        readings = [s.estimator.reading for s in states]
+        params = states[0].estimator.params
+        pooled, tau2 = class_log_scale(readings, params), between_variance(readings)
+        published = self._published.get(key)
+        if learner is not None and published is not None and (
+                abs(pooled - published) <= self.REPUBLISH_LOG):
+            state = self._models.state(learner)
+            state.estimator.pool_with(published, tau2)
+            state.learned()
+            return
+        self._published[key] = pooled
         for s in states:
+            s.estimator.pool_with(pooled, tau2)
             s.learned()
 
 
