@@ -256,3 +256,22 @@ def test_a_cold_start_outlier_moves_a_split_only_as_far_as_its_class_allows(
         assert spread < 1.15
     else:
         assert spread > 2.0
+
+
+def test_a_class_reads_one_speed_while_only_one_member_reports_replies() -> None:
+    d = Dispatcher(make_fleet(a=100_000, b=100_000, c=100_000),
+                   build_router("cost", PolicyContext(rng=random.Random(0))),
+                   config=DispatchConfig())
+    fast = Completion(completion_tokens=100, ttft_s=0.02, tpot_s=0.008)
+    reported = 0
+    for i in range(60):
+        out = placed(d.submit(streamed(f"r{i}"), float(i)))
+        learns = out.backend_id == "b"
+        reported += learns
+        d.finish(out, float(i) + 0.5, fast if learns else None)
+    assert reported >= 8
+    assert d.learned_speed("a") == (None, 0)  # a's own speed was never measured
+    # a and c read b's speed as their class's, exactly: alike backends, alike predictions.
+    assert d.profile("a") == d.profile("b") == d.profile("c")
+    scale_b = d.learned_speed("b")[0]
+    assert scale_b is not None and scale_b < SLOW_START_SCALE / 2  # its fast replies showed
