@@ -1,18 +1,23 @@
-"""`kvgate demo`: simulated backends and the gateway, on embedded defaults, in one process.
+"""`kvgate demo`: simulated backends and the gateway, on embedded defaults.
 
     kvgate demo [--backends N] [--port P] [--time-scale X]
 
-Starts N simulators of the default preset and one of the small-model preset on free loopback ports,
-then the gateway on P (default 8000), prints how to call it and runs until Ctrl-C or SIGTERM, when
-everything shuts down cleanly (exit code 0). No config file, no environment, no Redis: the
-response cache is on, in memory, its exact tier only (the semantic tier is off by default: a near
-question is not always the same question; `cache.semantic: shadow` measures it first).
+Starts N simulators of the default preset and one of the small-model preset, each `kvgate sim`
+in a process of its own on a free loopback port (loadtest/sim/process.py), then the gateway on P
+(default 8000), prints how to call it and runs until Ctrl-C or SIGTERM, when everything shuts
+down cleanly (exit code 0). The simulators run outside the gateway's event loop so that what a
+newcomer sees is the modelled GPUs, not the gateway's work stretching their steps; they still
+share the machine's cores, which the banner says. Each is stopped by its PID when the demo ends,
+by a signal or by an error. No config file, no environment, no Redis: the response cache is on,
+in memory, its exact tier only (the semantic tier is off by default: a near question is not
+always the same question; `cache.semantic: shadow` measures it first).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shlex
 import signal
 import sys
@@ -30,8 +35,8 @@ from gateway.config import (
 )
 from gateway.serve import LOG_LEVELS, configure_logging, run_on_uvloop, running_gateway
 from gateway.server_settings import ServerSettings
-from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS, SMALL_PRESET
+from loadtest.sim.process import SimProcess, sim_process
 
 MAX_BACKENDS = 16
 AUTO_MODEL = "auto"  # the small-model routing alias: easy requests go to the small model
@@ -45,7 +50,8 @@ def demo_settings(urls: Sequence[str], *, host: str, port: int) -> Settings:
                     cache=CacheSettings(enabled=True), small_model=(route,))
 
 
-def banner(url: str, *, backends: int, time_scale: float) -> str:
+def banner(url: str, *, backends: int, time_scale: float, pids: Sequence[int] = (),
+           cores: int | None = None) -> str:
     """What `kvgate demo` prints once ready: the fleet, a curl command and a Python snippet."""
     model = PRESETS[DEFAULT_PRESET].model_name
     small = PRESETS[SMALL_PRESET].model_name
@@ -61,6 +67,10 @@ def banner(url: str, *, backends: int, time_scale: float) -> str:
             f"kvgate demo: gateway on {url}/v1",
             f"  backends: {backends} x {model} ({DEFAULT_PRESET}), 1 x {small} ({SMALL_PRESET}),"
             f" time scale {time_scale:g}",
+            f"            simulators, each in a process of its own (pids"
+            f" {', '.join(map(str, pids)) or '-'}),",
+            f"            sharing this machine's {cores or os.cpu_count() or 1} cores with the"
+            " gateway",
             f"  state:    curl -s {url}/admin/backends",
             "  cache:    in memory; ask the same question twice at temperature 0 and the",
             "            second answer comes from it (header x-kvgate-cache: exact)",
@@ -84,6 +94,24 @@ def banner(url: str, *, backends: int, time_scale: float) -> str:
     )
 
 
+async def start_simulators(stack: AsyncExitStack, backends: int,
+                           time_scale: float) -> list[SimProcess]:
+    """The N large simulators and the small one, started side by side; each is stopped when
+    `stack` closes (and those still starting when one fails to)."""
+    presets = [DEFAULT_PRESET] * backends + [SMALL_PRESET]
+
+    async def start(i: int, preset: str) -> SimProcess:
+        return await stack.enter_async_context(
+            sim_process(preset=preset, time_scale=time_scale, seed=i))
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(start(i, p)) for i, p in enumerate(presets)]
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return [t.result() for t in tasks]
+
+
 async def run_demo(backends: int, host: str, port: int, time_scale: float) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -91,20 +119,11 @@ async def run_demo(backends: int, host: str, port: int, time_scale: float) -> No
         loop.add_signal_handler(sig, stop.set)
     try:
         async with AsyncExitStack() as stack:
-            urls = [
-                await stack.enter_async_context(
-                    running_sim(preset=DEFAULT_PRESET, time_scale=time_scale, seed=i)
-                )
-                for i in range(backends)
-            ]
-            urls.append(
-                await stack.enter_async_context(
-                    running_sim(preset=SMALL_PRESET, time_scale=time_scale, seed=backends)
-                )
-            )
-            settings = demo_settings(urls, host=host, port=port)
+            sims = await start_simulators(stack, backends, time_scale)
+            settings = demo_settings([s.url for s in sims], host=host, port=port)
             url = await stack.enter_async_context(running_gateway(settings))
-            print(banner(url, backends=backends, time_scale=time_scale), flush=True)
+            print(banner(url, backends=backends, time_scale=time_scale,
+                         pids=[s.pid for s in sims]), flush=True)
             await stop.wait()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -114,7 +133,7 @@ async def run_demo(backends: int, host: str, port: int, time_scale: float) -> No
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="simulated backends and a gateway in one process",
+        help="simulated backends (a process each) and a gateway",
         description="Starts simulated backends and the gateway on embedded defaults, prints how "
         "to call it and runs until Ctrl-C.",
     )
@@ -149,5 +168,8 @@ def run(args: argparse.Namespace) -> int:
             f"kvgate demo: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
             file=sys.stderr,
         )
+        return 1
+    except RuntimeError as exc:  # a simulator did not start
+        print(f"kvgate demo: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -285,8 +285,9 @@ class Dispatcher:
 
     def learned_speed(self, backend_id: str) -> tuple[float | None, int]:
         """The backend's learned speed as a scale on the reference profile's step times (above 1
-        slower; None until a first token or a reply has been measured: the slow-start guess is
-        not a measurement), and how many replies' TPOTs it has learned from."""
+        slower), as policies read it: pooled with its class's (routing/speed_pool.py). None
+        until a first token or a reply of its own has been measured: the slow-start guess is
+        not a measurement. And how many replies' TPOTs it has learned from."""
         state = self._models.states.get(backend_id)
         if state is None or not state.estimator.calibrated:
             return None, 0

@@ -1,9 +1,10 @@
-"""`kvgate demo` as a user runs it: it prints a curl command that works, and Ctrl-C stops it with
-exit code 0."""
+"""`kvgate demo` as a user runs it: it prints a curl command that works, its simulators run in
+processes of their own, and Ctrl-C stops it with exit code 0, its simulators with it."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import shlex
 import signal
 import sys
@@ -13,6 +14,7 @@ import aiohttp
 import orjson
 
 from tests.paths import free_port
+from tests.waiting import until
 
 REPO = Path(__file__).resolve().parents[1]
 START_DEADLINE_S = 30.0
@@ -30,6 +32,25 @@ async def read_banner(stdout: asyncio.StreamReader) -> list[str]:
     return lines
 
 
+def parent_of(pid: int) -> int | None:
+    """The process's parent PID, None once it is gone (or a zombie: it has exited)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return None
+    if re.search(r"^State:\s+Z", status, re.M):
+        return None
+    match = re.search(r"^PPid:\s+(\d+)", status, re.M)
+    return int(match.group(1)) if match else None
+
+
+def simulator_pids(banner: list[str]) -> list[int]:
+    text = " ".join(line.strip() for line in banner)
+    match = re.search(r"\(pids ([\d, ]+)\)", text)
+    assert match, "the banner names no simulator processes:\n" + "".join(banner)
+    return [int(p) for p in match.group(1).split(",")]
+
+
 async def test_kvgate_demo_answers_its_printed_curl_and_exits_0_on_sigint() -> None:
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
@@ -41,6 +62,11 @@ async def test_kvgate_demo_answers_its_printed_curl_and_exits_0_on_sigint() -> N
         banner = await asyncio.wait_for(read_banner(proc.stdout), START_DEADLINE_S)
         assert f"http://127.0.0.1:{port}/v1" in banner[0]
         assert any("from openai import OpenAI" in line for line in banner)
+        assert any("sharing this machine's" in line for line in banner)
+        # Three large simulators and the small one, each its own child process of the demo.
+        pids = simulator_pids(banner)
+        assert len(set(pids)) == 4 and proc.pid not in pids
+        assert [parent_of(p) for p in pids] == [proc.pid] * 4
         curl = next(line.strip() for line in banner if line.strip().startswith("curl "))
         args = shlex.split(curl)
         url = next(a for a in args if a.startswith("http://"))
@@ -67,4 +93,6 @@ async def test_kvgate_demo_answers_its_printed_curl_and_exits_0_on_sigint() -> N
         stderr = (await proc.stderr.read()).decode()
     assert code == 0, stderr
     assert "Traceback" not in stderr
+    await until(lambda: all(parent_of(p) is None for p in pids),
+                "the demo's simulators are gone once it has exited")
 

@@ -343,8 +343,13 @@ def test_prompts_sent_since_the_scrape_queue_ahead_at_their_own_size_until_prefi
     assert much_later.queued_prefill_s == 0.0
 
 
+# Backends of two classes (their KV capacities differ), so that each one's speed is its own: a
+# class's members share theirs (tests/test_routing_speed_pool.py).
+OTHER_CLASS = (99_000, 99_000)
+
+
 def test_a_backend_is_eased_in_until_its_replies_show_its_speed() -> None:
-    d = dispatcher(make_fleet(a=(100_000, 100_000), b=(100_000, 100_000)))
+    d = dispatcher(make_fleet(a=(100_000, 100_000), b=OTHER_CLASS))
     for i in range(30):  # only b's replies are measured (fast); a's come back without figures
         out = placed(d.submit(job(f"r{i}"), float(i)))
         fast = Completion(completion_tokens=100, ttft_s=0.02, tpot_s=0.008)
@@ -354,7 +359,7 @@ def test_a_backend_is_eased_in_until_its_replies_show_its_speed() -> None:
 
 
 def test_first_tokens_show_a_backends_speed_long_before_its_replies_end() -> None:
-    d = dispatcher(make_fleet(a=(100_000, 100_000), b=(100_000, 100_000)))
+    d = dispatcher(make_fleet(a=(100_000, 100_000), b=OTHER_CLASS))
     for i in range(8):  # nothing finishes; b's first tokens come fast, a's not at all
         out = placed(d.submit(job(f"r{i}"), float(i)))
         if out.backend_id == "b":
@@ -364,7 +369,7 @@ def test_first_tokens_show_a_backends_speed_long_before_its_replies_end() -> Non
 
 
 def test_a_backend_read_too_slow_at_a_cold_start_is_measured_again_while_idle() -> None:
-    d = dispatcher(make_fleet(a=(100_000, 100_000), b=(100_000, 100_000)))
+    d = dispatcher(make_fleet(a=(100_000, 100_000), b=OTHER_CLASS))
     fast = Completion(completion_tokens=100, ttft_s=0.02, tpot_s=0.008)
 
     def streamed(name: str) -> Job:

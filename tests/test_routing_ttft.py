@@ -265,9 +265,8 @@ def test_profile_estimator_learns_the_backends_speed_relative_to_the_prior_from_
 
 def test_a_few_replies_under_heavy_prefill_do_not_set_the_speed_for_every_other() -> None:
     # 90 light replies run at the prior's speed; 10 ran under heavy prefill, where the model
-    # is least exact, 3x slower than it says. The speed is the typical reply's: a geometric
-    # mean, exp(0.1 x ln 3) = 1.12. A least-squares ratio would give 2.9, weighing each reply
-    # by its modelled time squared.
+    # is least exact, 3x slower than it says. The speed is the typical reply's: the median, 1.
+    # A least-squares ratio would give 2.9, weighing each reply by its modelled time squared.
     est = ProfileEstimator(PROFILE, initial_scale=1.0)
     heavy_load = 0.2 * PROFILE.prefill_tokens_per_s
     for i in range(100):
@@ -275,7 +274,7 @@ def test_a_few_replies_under_heavy_prefill_do_not_set_the_speed_for_every_other(
             est.observe_tpot(10_000.0, 0.0, tpot_of(PROFILE, 10_000.0, 0.0))
         else:
             est.observe_tpot(200_000.0, heavy_load, tpot_of(scaled(3.0), 200_000.0, heavy_load))
-    assert est.scale == pytest.approx(3.0 ** 0.1, rel=0.03)
+    assert est.scale == pytest.approx(1.0, rel=0.03)
 
 
 def test_queueing_inside_the_engine_never_reads_as_slow_prefill() -> None:
@@ -325,9 +324,9 @@ def test_nonsense_tpots_keep_the_speed_within_bounds() -> None:
     est = ProfileEstimator(PROFILE)
     for _ in range(1000):
         est.observe_tpot(0.0, 0.0, 1e6)
-    assert est.scale == 100.0
+    assert est.scale == pytest.approx(100.0, rel=1e-2)
     est.observe_tpot(0.0, 0.0, 0.0)  # no reply time: ignored
-    assert est.scale == 100.0
+    assert est.scale == pytest.approx(100.0, rel=1e-2)
 
 
 @pytest.mark.parametrize("seconds", [math.inf, math.nan, -1.0], ids=["inf", "nan", "negative"])
@@ -339,7 +338,7 @@ def test_a_tpot_that_is_not_a_time_teaches_nothing(seconds: float) -> None:
 
 
 @pytest.mark.parametrize("kwargs", [{"prior_weight": 0.0}, {"initial_scale": 0.0},
-                                    {"half_life": -1.0}], ids=["weight", "scale", "half-life"])
+                                    {"window": 0}], ids=["weight", "scale", "window"])
 def test_profile_estimator_refuses_a_prior_that_is_not_positive(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         ProfileEstimator(PROFILE, **kwargs)

@@ -114,6 +114,7 @@ class BackendOutcome:
     prefix_queries_tokens: int
     prefix_hits_tokens: int
     mean_kv_usage: float  # over the arrival window's samples
+    speed_scale: float | None = None  # learned by the first gateway replica, at the run's end
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,7 +401,8 @@ class _Run:
             backends.append(BackendOutcome(
                 b.id, b.preset, b.requests, stats.generation_tokens_total, stats.preemptions_total,
                 stats.prefix_queries_tokens, stats.prefix_hits_tokens,
-                sum(samples) / len(samples) if samples else 0.0))
+                sum(samples) / len(samples) if samples else 0.0,
+                self.replicas[0].dispatcher.learned_speed(b.id)[0]))
         return RunOutcome(self.config.policy, self.config.admission, self.config.seed,
                           self.duration_s, requests, tuple(backends), self.peak_queue,
                           self.last_event)

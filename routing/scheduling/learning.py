@@ -7,7 +7,10 @@ attempt ends. The policy's own hooks (routing/policy.py `DispatchHook`) run besi
 - `WorkLearner`: each backend's `BackendWork` records what was sent there (its uncached prompt,
   at the backend's learned prefill speed) and what ended.
 - `SpeedLearner`: each backend's speed (`ProfileEstimator`) from the attempt's first token and
-  from the reply's TPOT (`Completion.decode_tpot`), against the prediction it was dispatched on.
+  from the reply's TPOT (`Completion.decode_tpot`), against the prediction it was dispatched on,
+  pooled with the other backends of its class (routing/speed_pool.py): the class is read from
+  the candidate each dispatch went to, and every member's scale is settled again whenever one of
+  them learns or the class's membership changes.
 - `CostLearner`: the cost model's prompt calibration and output-length distribution, from the
   usage the backend reported.
 """
@@ -15,12 +18,15 @@ attempt ends. The policy's own hooks (routing/policy.py `DispatchHook`) run besi
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 from typing import Protocol
 
 from routing.cost import CostModel
 from routing.jobs import Completion, Dispatch
 from routing.prefix import PrefixIndex
 from routing.scheduling.backends import BackendModels
+from routing.speed_pool import SpeedClasses, between_variance, class_log_scale, speed_class
+from routing.state import Candidate
 
 
 class Learner(Protocol):
@@ -85,16 +91,39 @@ class WorkLearner(Moments):
 
 
 class SpeedLearner(Moments):
+    """Speeds pooled by class. A class's pooled estimate is published to all its members when
+    it has moved by more than `REPUBLISH_LOG` since it last was (or the membership changed);
+    in between, only the member that learned takes it up: one reply then costs one member's
+    update, not the class's, and alike members still read one value."""
+
+    REPUBLISH_LOG = 0.01  # about 1%
+
     def __init__(self, models: BackendModels) -> None:
         self._models = models
+        self._classes = SpeedClasses()
+        self._seen: dict[str, Candidate] = {}  # the candidate view each backend was classed from
+        self._published: dict[Hashable, float] = {}  # each class's pooled log scale, as read
 
+    def dispatched(self, dispatch: Dispatch, uncached_tokens: int, now: float) -> None:
+        candidate = dispatch.decision.backend
+        backend = candidate.id
+        if self._seen.get(backend) is candidate:
+            return
+        self._seen[backend] = candidate
+        changed, left = self._classes.assign(backend, speed_class(candidate))
+        if changed:
+            # A member with no readings of its own moves no pool: it only takes its class's.
+            measured = self._models.state(backend).estimator.reading.readings > 0
+            self._settle(backend, everyone=measured)
+            if left is not None and measured:
+                self._settle_class(left, self._classes.members(left), None)
 
     def first_token(self, dispatch: Dispatch, now: float) -> None:
         pred = dispatch.prediction
         if pred is not None:
-            state = self._models.state(dispatch.backend_id)
-            state.estimator.observe_ttft(pred, now - dispatch.dispatched_at)
-            state.learned()
+            backend = dispatch.backend_id
+            self._models.state(backend).estimator.observe_ttft(pred, now - dispatch.dispatched_at)
+            self._settle(backend)
 
     def finished(self, dispatch: Dispatch, completion: Completion | None) -> None:
         pred = dispatch.prediction
@@ -106,8 +135,36 @@ class SpeedLearner(Moments):
             backend = dispatch.backend_id
             state = self._models.state(backend)
             state.estimator.observe_tpot(pred.kv_read_tokens, pred.prefill_tokens_per_s, tpot)
-            state.learned()
+            self._settle(backend)
             self._models.replies[backend] = state.estimator.replies
+
+    def _settle(self, backend: str, *, everyone: bool = False) -> None:
+        key = self._classes.class_of(backend)
+        self._settle_class(key, self._classes.siblings(backend), None if everyone else backend)
+
+    def _settle_class(self, key: Hashable, members: tuple[str, ...], learner: str | None) -> None:
+        """Pool the members' own estimates; give the new scale to `learner` alone while the
+        pooled estimate stays within `REPUBLISH_LOG` of the published one, else (or with no
+        `learner`) to every member."""
+        states = [self._models.state(m) for m in members]
+        if len(states) == 1:
+            states[0].estimator.pool_with(None)
+            states[0].learned()
+            return
+        readings = [s.estimator.reading for s in states]
+        params = states[0].estimator.params
+        pooled, tau2 = class_log_scale(readings, params), between_variance(readings)
+        published = self._published.get(key)
+        if learner is not None and published is not None and (
+                abs(pooled - published) <= self.REPUBLISH_LOG):
+            state = self._models.state(learner)
+            state.estimator.pool_with(published, tau2)
+            state.learned()
+            return
+        self._published[key] = pooled
+        for s in states:
+            s.estimator.pool_with(pooled, tau2)
+            s.learned()
 
 
 class CostLearner(Moments):
