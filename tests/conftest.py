@@ -84,6 +84,7 @@ MODULES = {
     "test_routing_metrics_prom": "unit",
     "test_routing_metrics_synthetic": "unit",
     "test_routing_metrics_template": "unit",
+    "test_routing_difficulty": "unit",
     "test_routing_model_select": "unit",
     "test_routing_offload": "unit",
     "test_routing_policies": "unit",
