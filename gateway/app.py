@@ -53,6 +53,7 @@ from gateway.observe import Recorder, install_telemetry
 from gateway.proxy import Proxy
 from gateway.relay import Relay
 from gateway.routing_settings import policy_context
+from gateway.small_model import small_model_running
 from gateway.telemetry import Telemetry
 from routing.fleet import Fleet
 from routing.policies import build_router
@@ -110,6 +111,8 @@ def create_app(
     install_telemetry(app, recorder)
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_backend_health)
+    if settings.small_model:
+        app.cleanup_ctx.append(small_model_running)
     if settings.cache.enabled:
         app.cleanup_ctx.append(cache_running)
     handlers.add_routes(app)

@@ -21,6 +21,7 @@ LOOKUP_RESULT = "kvgate.cache.lookup"  # "hit" or "miss" of one tier's lookup
 ADMISSION_RESULT = "kvgate.admission.result"
 ADMISSION_REASON = "kvgate.admission.reason"
 SMALL_MODEL = "kvgate.small_model.chosen"
+SMALL_MODEL_VERDICT = "kvgate.small_model.verdict"  # the classifier's: "easy" or "hard"
 POLL_ERROR = "kvgate.poll.error"
 
 OTHER = "_OTHER"  # the value that stands for every value past the bound

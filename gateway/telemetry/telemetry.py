@@ -112,6 +112,10 @@ class Telemetry:
         """Count one failed scrape of `backend`; `error` is a short class, e.g. "timeout"."""
         self._metrics.poll_error(backend, error)
 
+    def small_model_scored(self, alias: str, verdict: str, score: float) -> None:
+        """Record one small-model classifier score for routing alias `alias`."""
+        self._metrics.small_model_scored(alias, verdict, score)
+
     def register_backend_gauges(self, source: BackendGaugesSource) -> None:
         """Per-backend gauges read `source()` at each scrape; a later call replaces it."""
         self._gauges.set_backend_source(source)
