@@ -32,21 +32,6 @@ L2 = 0.01  # of those tried, the penalty sending the most easy prompts small out
 KINDS: tuple[Kind, ...] = ("minilm", "hashed")
 
 
-def embeddings(texts: Sequence[str]) -> tuple[str, list[list[float]]]:
-    """The MiniLM space's name and each text's vector, embedded in batches of similar length
-    (a text's vector does not depend on its batch)."""
-    from gateway.cache.embedders.local import NAME, MiniLM
-
-    model = MiniLM()
-    order = sorted(range(len(texts)), key=lambda index: len(texts[index]))
-    vectors: list[list[float]] = [[] for _ in texts]
-    for start in range(0, len(order), 16):
-        batch = order[start:start + 16]
-        for index, row in zip(batch, model.encode([texts[i] for i in batch]), strict=True):
-            vectors[index] = [float(value) for value in row]
-    return NAME, vectors
-
-
 def trained(kind: Kind, prompts: Sequence[Prompt]) -> Weights:
     from routing.difficulty.train import train
 
@@ -54,8 +39,10 @@ def trained(kind: Kind, prompts: Sequence[Prompt]) -> Weights:
     hard = [prompt.hard for prompt in prompts]
     if kind == "hashed":
         return train(kind, texts, hard, seed=SEED, l2=L2, space=HASHED_SPACE)
-    space, vectors = embeddings(texts)
-    return train(kind, texts, hard, seed=SEED, l2=L2, embeddings=vectors, space=space)
+    from gateway.cache.embedders.local import NAME
+    from gateway.route_eval import embed_all
+
+    return train(kind, texts, hard, seed=SEED, l2=L2, embeddings=embed_all(texts), space=NAME)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
