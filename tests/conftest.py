@@ -87,6 +87,7 @@ MODULES = {
     "test_routing_metrics_synthetic": "unit",
     "test_routing_metrics_template": "unit",
     "test_routing_difficulty": "unit",
+    "test_routing_difficulty_bench": "bench",
     "test_routing_difficulty_train": "realtime",
     "test_routing_model_select": "unit",
     "test_routing_offload": "unit",
