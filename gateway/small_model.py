@@ -12,7 +12,8 @@ The classifier reads the last user message (a chat's question, not its system pr
 history); the rules read the whole prompt. A request a rule decides is not embedded.
 
 The choice is stamped on the response as `x-kvgate-model-reason`: the rule (`pinned`, `tools`,
-`response_format`, `long_prompt`, `long_output`, `many_turns`, `hard_marker`) or the verdict
+`response_format`, `long_prompt`, `long_output`, `many_turns`, `hard_marker`; `unscored` when
+the classifier failed, which never fails the request) or the verdict
 (`easy`, `hard`, `overflow`, `large_free`, `small_unavailable`, `shadow:easy`, `shadow:hard`)
 with `score=` and `threshold=`; `x-kvgate-model` names the model that served it. Each score is
 recorded in `/metrics` (`kvgate.small_model.score`, by alias and verdict).
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvgate.small_model")
 PIN_HEADER = "x-kvgate-model-route"  # `large`: this request goes to the large model
+UNSCORED = "unscored"  # the reason when the classifier failed: the large model serves it
 
 
 class ClassifierUnavailable(Exception):
@@ -163,12 +165,17 @@ def ask_of(asked: Asked, headers: Mapping[str, str]) -> Ask:
 
 async def choose(app: web.Application, route: SmallModelRoute, asked: Asked,
                  headers: Mapping[str, str]) -> Selection:
-    fleet, now = app[FLEET], app[CLOCK]()
     ask = ask_of(asked, headers)
     classifier = app[SMALL_MODEL].by_alias[route.alias]
     if certain(route, ask) is not None:
         return select(route, ask, None, classifier.thresholds, small_available=False)
-    value = await app[SMALL_MODEL].score(classifier, question_of(asked.data, ask.text))
+    try:
+        value = await app[SMALL_MODEL].score(classifier, question_of(asked.data, ask.text))
+    except Exception as exc:  # a classifier fault must not fail the request: it goes large
+        log.warning("small_model %s: the classifier failed: %s: %s", route.alias,
+                    type(exc).__name__, exc)
+        return Selection(route.large, False, UNSCORED)
+    fleet, now = app[FLEET], app[CLOCK]()
     queued = app[GATE].dispatcher.queue_depths().get(route.large, 0)
     busy = large_busy(fleet.candidates(route.large, now), queued,
                       app[SETTINGS].routing.high_water)

@@ -66,6 +66,7 @@ MODULES = {
     "test_gateway_serve": "loopback",
     "test_gateway_small_model": "loopback",
     "test_gateway_small_model_demo": "loopback",
+    "test_gateway_small_model_request": "unit",
     "test_gateway_sse": "unit",
     "test_gateway_telemetry": "loopback",
     "test_loadtest_benches": "bench",
