@@ -1,13 +1,13 @@
 """Fitting the classifier: L2-regularised logistic regression by Newton's method (numpy).
 
 The objective is strictly convex, so Newton's method reaches its one minimum whatever the order
-of the arithmetic: weights trained twice from the same data, seed and penalty agree to far
-better than 1e-6. The seed only draws the cross-validation folds; the shipped `hard_scores` and
-`easy_scores` are each training prompt scored by the fold's model that did not see it.
+of the arithmetic: weights trained twice from the same data (for kind minilm, the same
+embeddings), seed and penalty agree to far better than 1e-6. The seed only draws the
+cross-validation folds; the shipped `hard_scores` and `easy_scores` are each training prompt
+scored by the fold's model that did not see it.
 
 The cheap features are standardised (training mean and scale); the bias is penalised only
-nominally.
-numpy is needed here (the `semantic` extra), not to score.
+nominally. numpy is needed here (the `semantic` extra), not to score.
 """
 
 from __future__ import annotations
