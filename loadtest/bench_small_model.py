@@ -3,7 +3,7 @@ requests that need the large one.
 
     python -m loadtest.bench_small_model [--requests 300] [--rate 10] [--easy-share 0.7]
         [--large 1] [--small 1] [--large-blocks 512] [--time-scale 1] [--seed 0] [--json FILE]
-        [--no-record]
+        [--classifier auto|minilm|hashed] [--no-record]
 
 `kvgate serve` in front of --large simulators of the large model (llama-3-8b on H100) and
 --small of the small one (llama-3.2-1b on L40S), in this process on loopback, gets the same
@@ -101,7 +101,8 @@ async def run_once(args: argparse.Namespace, model: str, mode: str,
             backends.append({"id": f"small{i}", "url": url})
         settings = Settings.model_validate({
             "server": {"port": 0}, "backends": backends, "routing": {"poll_interval_s": 0.05},
-            "small_model": [{"alias": "auto", "large": LARGE, "small": SMALL, "mode": mode}],
+            "small_model": [{"alias": "auto", "large": LARGE, "small": SMALL, "mode": mode,
+                             "classifier": args.classifier}],
         })
         gateway = await stack.enter_async_context(running_gateway(settings, on_done=_quiet))
         http = await stack.enter_async_context(
@@ -183,7 +184,8 @@ async def run(args: argparse.Namespace) -> int:
                f"{args.easy_share:.0%} easy (64 tokens asked), the rest hard (256); {args.large} x "
                f"{DEFAULT_PRESET} with {args.large_blocks or 'its preset'} KV blocks + "
                f"{args.small} x {SMALL_PRESET}, time scale {args.time_scale:g}; the same "
-               "requests in every run.")
+               f"requests in every run; classifier {args.classifier}, whose work (for minilm, "
+               "an embedding per easy request) shares the cores with the simulators.")
     return 0
 
 
@@ -233,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="also write every figure here")
+    parser.add_argument("--classifier", default="auto", choices=("auto", "minilm", "hashed"),
+                        help="the alias's classifier (default auto: minilm when installed)")
     parser.add_argument("--decision", action="store_true",
                         help="measure the routing decision's own cost instead (no servers)")
     parser.add_argument("--rounds", type=int, default=20,
