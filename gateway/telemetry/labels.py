@@ -21,6 +21,7 @@ LOOKUP_RESULT = "kvgate.cache.lookup"  # "hit" or "miss" of one tier's lookup
 ADMISSION_RESULT = "kvgate.admission.result"
 ADMISSION_REASON = "kvgate.admission.reason"
 SMALL_MODEL = "kvgate.small_model.chosen"
+SMALL_MODEL_VERDICT = "kvgate.small_model.verdict"  # the classifier's: "easy" or "hard"
 POLL_ERROR = "kvgate.poll.error"
 RETRY_REASON = "reason"  # why an attempt was tried again (gateway/attempt.py's RETRY_*)
 

@@ -39,6 +39,7 @@ TOKEN_USAGE_BUCKETS: tuple[float, ...] = (
 QUEUE_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+SCORE_BUCKETS: tuple[float, ...] = tuple(i / 20 for i in range(1, 20))  # small-model scores
 
 _HIT = "hit"
 _MISS = "miss"
@@ -127,8 +128,15 @@ class RequestMetrics:
             unit="s",
             description="Time a request waited in the gateway's admission queue.",
         )  # fmt: skip
+        self.small_model_score = HistogramFamily(
+            "kvgate.small_model.score", (L.REQUEST_MODEL, L.SMALL_MODEL_VERDICT), SCORE_BUCKETS,
+            unit="1",
+            description="The small-model classifier's scores (the probability a prompt is hard)"
+            " by routing alias and verdict against the threshold in force.",
+        )  # fmt: skip
         self.histograms: tuple[HistogramFamily, ...] = (
             self.ttft, self.tpot, self.duration, self.token_usage, self.queue_time,
+            self.small_model_score,
         )  # fmt: skip
         self.admissions = CounterSet(
             meter, "kvgate.admission.decisions", (L.ADMISSION_RESULT, L.ADMISSION_REASON),
@@ -258,6 +266,11 @@ class RequestMetrics:
 
     def retried(self, reason: str) -> None:
         self.retries.add((self._guard(L.RETRY_REASON, reason),))
+
+    def small_model_scored(self, alias: str, verdict: str, score: float) -> None:
+        guard = self._guard
+        self.small_model_score.series(
+            (guard(L.REQUEST_MODEL, alias), guard(L.SMALL_MODEL_VERDICT, verdict))).record(score)
 
     def poll_error(self, backend: str, error: str) -> None:
         guard = self._guard

@@ -122,6 +122,10 @@ class Telemetry:
         """Count one failure returned as it was: the retry budget was spent."""
         self._metrics.retry_budget_exhausted.add(())
 
+    def small_model_scored(self, alias: str, verdict: str, score: float) -> None:
+        """Record one small-model classifier score for routing alias `alias`."""
+        self._metrics.small_model_scored(alias, verdict, score)
+
     def register_backend_gauges(self, source: BackendGaugesSource) -> None:
         """Per-backend gauges read `source()` at each scrape; a later call replaces it."""
         self._gauges.set_backend_source(source)
