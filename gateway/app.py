@@ -29,6 +29,7 @@ from gateway.attempt import Outcome
 from gateway.auth import KeyInfo, KeyRing, auth_middleware
 from gateway.cache.setup import cache_running
 from gateway.config import Settings
+from gateway.drain import DRAIN, RELAY, Drain, drain_middleware
 from gateway.errors import (
     BodyTooLarge,
     GatewayError,
@@ -81,7 +82,8 @@ def create_app(
         settings.telemetry.to_settings(), clock=clock, span_processor=span_processor
     )
     recorder = Recorder(telemetry, clock=clock, on_done=on_done)
-    middlewares: list[Middleware] = [error_middleware]
+    # The drain inside the error middleware (its 503 is an OpenAI body), before auth.
+    middlewares: list[Middleware] = [error_middleware, drain_middleware]
     ring = KeyRing((key.digest(), KeyInfo(key.name, key.tenant or key.name, key.admin, key.rpm,
                                           key.tpm))
                    for key in settings.auth.keys)
@@ -94,6 +96,7 @@ def create_app(
     )
     routing = settings.routing
     app[SETTINGS] = settings
+    app[DRAIN] = Drain()
     app[KEYRING] = ring
     app[MODEL_ROUTES] = settings.small_model_routes()
     app[CLOCK] = clock
@@ -175,6 +178,7 @@ async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
     )
     relay = Relay(session=session, fleet=app[FLEET], first_byte_timeout=server.first_byte_timeout_s,
                   clock=app[CLOCK])
+    app[RELAY] = relay
     app[PROXY] = Proxy(relay=relay, gate=app[GATE], clock=app[CLOCK])
     try:
         yield

@@ -120,6 +120,9 @@ class Relay:
         # the same tasks by the dispatch they belong to (whose lease they keep held).
         self._carried: dict[aiohttp.ClientResponse, asyncio.Task[None]] = {}
         self._carried_for: dict[Dispatch, asyncio.Task[None]] = {}
+        # Streams being relayed to their clients now, with their handlers' tasks: what
+        # `end_streams` ends at shutdown.
+        self._live: dict[web.StreamResponse, asyncio.Task[Any] | None] = {}
 
     def carried(self, dispatch: Dispatch) -> asyncio.Task[None] | None:
         """The task reading `dispatch`'s stream on for its followers, if its client left while
@@ -246,6 +249,7 @@ class Relay:
         )
         failure: str | None = None
         tap = call.tap
+        self._live[response] = asyncio.current_task()
         try:
             await prepare_stream(request, response, ex, self._clock(), dispatch.route_header())
             out = observer.feed(first)
@@ -303,9 +307,27 @@ class Relay:
                 await response.write(DONE_EVENT)
                 await response.write_eof()
             return Relayed(response, 500, failure, observer.usage)
+        finally:
+            self._live.pop(response, None)
         error = failure or (observer.error or {}).get("message")
         return Relayed(response, 200, error, observer.usage)
 
+
+    async def end_streams(self, message: str) -> int:
+        """Ends every stream still being relayed: an SSE error event (`shutting_down`) and
+        `[DONE]`, the response ended, its handler cancelled (so the upstream is closed and the
+        backend aborts). Returns how many there were."""
+        live = list(self._live.items())
+        self._live.clear()
+        for response, task in live:
+            with contextlib.suppress(Exception):
+                await response.write(error_event(message, type_="server_error",
+                                                 code="shutting_down"))
+                await response.write(DONE_EVENT)
+                await response.write_eof()
+            if task is not None:
+                task.cancel()
+        return len(live)
 
     def _carry_on(self, upstream: aiohttp.ClientResponse, observer: StreamObserver,
                   tap: LineTap | None, dispatch: Dispatch) -> None:
