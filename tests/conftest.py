@@ -64,6 +64,7 @@ MODULES = {
     "test_gateway_proxy": "loopback",
     "test_gateway_ratelimit": "unit",
     "test_gateway_routing": "unit",
+    "test_gateway_schemas": "unit",
     "test_gateway_serve": "loopback",
     "test_gateway_small_model": "loopback",
     "test_gateway_sse": "unit",
