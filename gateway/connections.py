@@ -52,8 +52,10 @@ _FAULTS: tuple[tuple[type[Exception], str], ...] = (
     (http_exceptions.BadHttpMethod, "an unknown method (not HTTP?)"),
     (http_exceptions.InvalidURLError, "an invalid URL"),
     (http_exceptions.BadStatusLine, "a bad request line"),
-    (http_exceptions.BadHttpMessage, "malformed framing"),
 )
+# aiohttp's C parser raises a bare BadHttpMessage for most faults: its message names the part.
+_HINTS = (("content-length", "bad Content-Length"), ("chunk", "malformed chunked framing"),
+          ("transfer-encoding", "bad Transfer-Encoding"), ("header", "an invalid header"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +81,10 @@ def fault_of(exc: BaseException | None) -> str:
     for kind, words in _FAULTS:
         if isinstance(exc, kind):
             return words
-    if "Content-Length" in str(exc):
-        return "bad Content-Length"
+    text = str(exc).lower()
+    for hint, words in _HINTS:
+        if hint in text:
+            return words
     return "malformed framing"
 
 

@@ -17,17 +17,19 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import uvloop
 
+from gateway import redact
 from gateway.cli import UsageError
 from gateway.config import Settings, load_settings
 from gateway.connections import FD_HEADROOM, raise_fd_limit
 from gateway.lifecycle import serving
 from gateway.logsink import configure_access_log
+from gateway.telemetry.accesslog import LOGGER_NAME as ACCESS_LOGGER
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -69,12 +71,14 @@ def run_on_uvloop(main: Callable[[], Any]) -> None:
         runner.run(main())
 
 
-def configure_logging(level: str) -> None:
-    """Diagnostics to stderr; the JSON access log (one line per request) to stdout."""
+def configure_logging(level: str, secrets: Iterable[str] = ()) -> None:
+    """Diagnostics to stderr; the JSON access log (one line per request) to stdout. Neither ever
+    shows a secret (gateway/redact.py)."""
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     configure_access_log(level)
+    redact.install(secrets, (logging.getLogger(), logging.getLogger(ACCESS_LOGGER)))
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -125,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, overrides=overrides_of(args))
     if not settings.backends:
         raise UsageError("no backends: pass --backend URL or a --config file with backends")
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, redact.secrets_of(settings))
     server = settings.server
     raised = raise_fd_limit(server.max_connections + server.max_upstream_connections + FD_HEADROOM)
     if raised is not None:
