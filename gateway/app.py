@@ -27,6 +27,7 @@ from gateway import handlers
 from gateway.admission import GATE, build_gate, gate_running
 from gateway.attempt import Outcome
 from gateway.auth import KeyInfo, KeyRing, auth_middleware
+from gateway.body import body_parsing
 from gateway.cache.setup import cache_running
 from gateway.config import Settings
 from gateway.drain import DRAIN, RELAY, Drain, drain_middleware
@@ -112,6 +113,7 @@ def create_app(
     app.cleanup_ctx.append(gate_running)
     install_telemetry(app, recorder)
     app.cleanup_ctx.append(_upstream_client)
+    app.cleanup_ctx.append(body_parsing)
     app.cleanup_ctx.append(_backend_health)
     if settings.cache.enabled:
         app.cleanup_ctx.append(cache_running)

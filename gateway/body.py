@@ -3,9 +3,10 @@
 - The bytes: a `Content-Encoding` the server cannot decode (an unknown one, or a corrupt gzip or
   deflate stream) is a 400 in OpenAI's shape, a body past `server.max_body_bytes` (after
   decompression) a 413.
-- The JSON: a big body is decoded in a worker thread, so that the event loop keeps relaying
-  every other stream while it is parsed; a small one on the loop, where a thread hop would cost
-  more than the decoding.
+- The JSON and its checks: a body past `WORKER_BYTES` is decoded, checked and turned into its
+  prompt texts in a worker process, so that the event loop keeps relaying every other stream
+  meanwhile; a smaller one on the loop, where the hop would cost more than the work. Not a
+  thread: orjson holds the GIL while it decodes, and a thread would stall the loop the same.
 - The fields: checked one by one on the decoded dict (gateway/schemas.py), the conversation
   bounded by `server.max_messages`.
 """
@@ -13,6 +14,12 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import signal
+from collections.abc import AsyncIterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -23,9 +30,9 @@ from gateway.auth import KeyInfo
 from gateway.errors import BodyTooLarge, InvalidRequest
 from gateway.exchange import Asked, Exchange, prompt_of, prompt_text, tenant_of, user_turns
 from gateway.keys import SETTINGS
-from gateway.schemas import Validator, decode_object
+from gateway.schemas import Fields, Validator, decode_object
 
-THREAD_DECODE_BYTES = 1024 * 1024  # bodies above this are decoded off the event loop
+WORKER_BYTES = 1024 * 1024  # bodies past this are parsed off the event loop
 ENCODINGS = frozenset(
     {"", "identity", "gzip", "x-gzip", "deflate"}
     | ({"br"} if HAS_BROTLI else set())
@@ -52,11 +59,91 @@ async def read_body(request: web.Request, max_body_bytes: int) -> bytes:
                              f"{what}") from exc
 
 
-async def decode(raw: bytes) -> dict[str, Any]:
-    """The JSON object in `raw` (gateway/schemas.py's `decode_object`), off the loop when big."""
-    if len(raw) > THREAD_DECODE_BYTES:
-        return await asyncio.to_thread(decode_object, raw)
-    return decode_object(raw)
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """What the completion path reads of a body, computed once (here or in the worker)."""
+
+    data: dict[str, Any]
+    fields: Fields
+    conversation: str
+    prompt_tokens: int | None
+    prompt_text: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """An InvalidRequest as the worker sends it back (the error itself does not pickle)."""
+
+    message: str
+    param: str | None
+
+
+def parsed(raw: bytes, validate: Validator) -> Parsed:
+    """Decodes and checks `raw` (InvalidRequest naming the first wrong field)."""
+    data = decode_object(raw)
+    fields = validate(data)
+    conversation, exact = prompt_of(data)
+    return Parsed(data, fields, conversation, exact, prompt_text(data))
+
+
+def _parsed_in_worker(raw: bytes, validate: Validator) -> Parsed | _Refused:
+    try:
+        return parsed(raw, validate)
+    except InvalidRequest as exc:
+        return _Refused(exc.message, exc.param)
+
+
+def _worker_started() -> None:
+    """The worker leaves Ctrl-C and SIGTERM to the gateway, which ends it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class BodyParser:
+    """Parses bodies: a small one on the event loop, a big one in a worker process, started
+    with the first big body and ended with the app. The loop then pays only for copying the
+    bytes out and the results back (strings copy fast; a body of many objects that the checks
+    refuse, past max_messages say, comes back as its small error, never as its tree)."""
+
+    def __init__(self, threshold: int = WORKER_BYTES) -> None:
+        self._threshold = threshold
+        self._pool: ProcessPoolExecutor | None = None
+
+    async def parse(self, raw: bytes, validate: Validator) -> Parsed:
+        if len(raw) <= self._threshold:
+            return parsed(raw, validate)
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("forkserver"),
+                initializer=_worker_started)
+        pool = self._pool
+        try:
+            # Submitted from a thread: the first submission starts the worker and waits for it.
+            answer = await asyncio.to_thread(
+                lambda: pool.submit(_parsed_in_worker, raw, validate).result())
+        except BrokenProcessPool:
+            self._pool = None  # the worker died (killed, out of memory): a new one next time
+            raise
+        if isinstance(answer, _Refused):
+            raise InvalidRequest(answer.message, param=answer.param)
+        return answer
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+BODY_PARSER = web.AppKey("body_parser", BodyParser)
+
+
+async def body_parsing(app: web.Application) -> AsyncIterator[None]:
+    """The app's BodyParser, for its lifetime (a cleanup context)."""
+    app[BODY_PARSER] = parser = BodyParser()
+    try:
+        yield
+    finally:
+        parser.close()
 
 
 async def parse(request: web.Request, ex: Exchange, validate: Validator,
@@ -64,14 +151,13 @@ async def parse(request: web.Request, ex: Exchange, validate: Validator,
     """The body, validated and read once; with API keys on, a request's tenant is its key's."""
     settings = request.app[SETTINGS]
     raw = await read_body(request, settings.server.max_body_bytes)
-    data = await decode(raw)
-    fields = validate(data)
+    body = await request.app[BODY_PARSER].parse(raw, validate)
+    fields = body.fields
     tenant_header = settings.routing.tenant_header
-    conversation, exact = prompt_of(data)
     return Asked(
-        raw=raw, data=data, model=fields.model, stream=fields.stream,
+        raw=raw, data=body.data, model=fields.model, stream=fields.stream,
         include_usage=fields.include_usage, output_cap=fields.output_cap,
-        choices=fields.n or 1, prompt_text=prompt_text(data), conversation=conversation,
-        prompt_tokens=exact, user_turns=user_turns(data),
+        choices=fields.n or 1, prompt_text=body.prompt_text, conversation=body.conversation,
+        prompt_tokens=body.prompt_tokens, user_turns=user_turns(body.data),
         tenant=key.tenant if key is not None else tenant_of(ex.headers, tenant_header),
     )

@@ -61,6 +61,7 @@ MODULES = {
     "test_gateway_demo": "loopback",
     "test_gateway_disconnect": "realtime",
     "test_gateway_drain": "realtime",
+    "test_gateway_drain_deploy": "unit",
     "test_gateway_errors": "unit",
     "test_gateway_first_token": "realtime",
     "test_gateway_learning": "realtime",

@@ -6,6 +6,7 @@ request is one log line that shows no API key."""
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
 import sys
@@ -113,6 +114,29 @@ async def test_a_conversation_past_max_messages_is_400_naming_the_limit(gateway:
         error = orjson.loads(await resp.read())["error"]
         assert resp.status == 400
     assert error["param"] == "messages" and "at most 10000 messages" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("model", "messages", "status", "answer"),
+    [
+        pytest.param("no-such-model", [{"role": "user", "content": "x" * 3_000_000}], 404,
+                     "does not exist", id="a valid 3 MB body goes on to the model choice"),
+        pytest.param(MODEL, [{"role": "user", "content": "message"}] * 200_000, 400,
+                     "at most 10000", id="200,000 messages are refused naming the limit"),
+        pytest.param(MODEL, [{"role": "wizard", "content": "x" * 2_000_000}], 400,
+                     "must be one of", id="a wrong field is named"),
+    ],
+)
+async def test_big_bodies_are_checked_off_the_loop_by_the_same_rules(
+        gateway: str, model: str, messages: list[dict[str, str]], status: int,
+        answer: str) -> None:
+    body = orjson.dumps({"model": model, "max_tokens": 1, "messages": messages})
+    assert len(body) > 1024 * 1024  # past the size parsed in the worker
+    async with aiohttp.ClientSession() as http, \
+            http.post(gateway + "/v1/chat/completions", data=io.BytesIO(body)) as resp:
+        error = orjson.loads(await resp.read())["error"]
+        assert resp.status == status
+    assert answer in error["message"]
 
 
 async def test_connections_past_the_cap_are_refused_until_one_closes(gateway: str) -> None:
