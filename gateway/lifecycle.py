@@ -4,7 +4,8 @@
 gateway/connections.py (head and body deadlines, the connection cap, OpenAI-shaped parse
 errors) on a listener of its own, so that the drain decides when it stops accepting.
 
-`Serving.drain(grace_s, shutdown_timeout_s)` is what SIGTERM runs:
+`Serving.drain(grace_s, shutdown_timeout_s)` is what SIGTERM runs (and, without the grace,
+what leaving `serving` runs when no signal came first):
 
 1. `/ready` answers 503 at once and new completions get 503 `shutting_down` with Retry-After
    (gateway/drain.py); the listener keeps accepting for `grace_s`, so load balancers see the 503
@@ -52,9 +53,11 @@ class Serving:
     runner: web.AppRunner
     listener: asyncio.AbstractServer
     factory: GuardedFactory
+    drained: bool = False
 
     async def drain(self, grace_s: float, shutdown_timeout_s: float) -> None:
         """Steps 1 to 3 of the module's docstring; the app's cleanup is `serving`'s."""
+        self.drained = True
         drain = self.app[DRAIN]
         drain.start()
         log.info("draining: /ready answers 503; accepting for %g s more", grace_s)
@@ -102,9 +105,12 @@ async def serving(settings: Settings, **app_options: Any) -> AsyncIterator[Servi
         factory = GuardedFactory(runner.server, limits, book, **handler_options)
         listener = await asyncio.get_running_loop().create_server(
             factory, server.host, server.port, backlog=BACKLOG, reuse_address=True)
+        gateway = Serving(_url_of(listener), app, runner, listener, factory)
         try:
-            yield Serving(_url_of(listener), app, runner, listener, factory)
+            yield gateway
         finally:
+            if not gateway.drained:  # left without a signal: what runs still gets its time
+                await gateway.drain(0.0, server.shutdown_timeout_s)
             listener.close()
     finally:
         await runner.cleanup()
