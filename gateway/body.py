@@ -32,7 +32,7 @@ from gateway.exchange import Asked, Exchange, prompt_of, prompt_text, tenant_of,
 from gateway.keys import SETTINGS
 from gateway.schemas import Fields, Validator, decode_object
 
-WORKER_BYTES = 1024 * 1024  # bodies past this are parsed off the event loop
+WORKER_BYTES = 256 * 1024  # bodies past this are parsed off the event loop
 ENCODINGS = frozenset(
     {"", "identity", "gzip", "x-gzip", "deflate"}
     | ({"br"} if HAS_BROTLI else set())

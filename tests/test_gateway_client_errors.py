@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 import pytest
 
+from gateway.body import WORKER_BYTES
 from gateway.config import Settings
 from gateway.serve import running_gateway
 from loadtest.sim.launch import running_sim
@@ -131,7 +132,7 @@ async def test_big_bodies_are_checked_off_the_loop_by_the_same_rules(
         gateway: str, model: str, messages: list[dict[str, str]], status: int,
         answer: str) -> None:
     body = orjson.dumps({"model": model, "max_tokens": 1, "messages": messages})
-    assert len(body) > 1024 * 1024  # past the size parsed in the worker
+    assert len(body) > WORKER_BYTES  # parsed in the worker
     async with aiohttp.ClientSession() as http, \
             http.post(gateway + "/v1/chat/completions", data=io.BytesIO(body)) as resp:
         error = orjson.loads(await resp.read())["error"]
