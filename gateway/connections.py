@@ -156,6 +156,8 @@ class GuardedHandler(RequestHandler):
             log.info("malformed request from %s: %s (%d)", peer, fault, status)
             body = error_body(f"malformed HTTP request: {fault}", type_="invalid_request_error",
                               code="bad_request")
+        elif status == 504:
+            body = error_body("the request timed out", type_="server_error", code="timeout")
         else:
             log.error("error handling a request from %s: %s", peer, type(exc).__name__)
             body = error_body("internal error", type_="server_error", code="internal_error")
