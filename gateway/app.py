@@ -27,8 +27,10 @@ from gateway import handlers
 from gateway.admission import GATE, build_gate, gate_running
 from gateway.attempt import Outcome
 from gateway.auth import KeyInfo, KeyRing, auth_middleware
+from gateway.body import body_parsing
 from gateway.cache.setup import cache_running
 from gateway.config import Settings
+from gateway.drain import DRAIN, RELAY, Drain, drain_middleware
 from gateway.errors import (
     BodyTooLarge,
     GatewayError,
@@ -85,7 +87,8 @@ def create_app(
         settings.telemetry.to_settings(), clock=clock, span_processor=span_processor
     )
     recorder = Recorder(telemetry, clock=clock, on_done=on_done)
-    middlewares: list[Middleware] = [error_middleware]
+    # The drain inside the error middleware (its 503 is an OpenAI body), before auth.
+    middlewares: list[Middleware] = [error_middleware, drain_middleware]
     ring = KeyRing((key.digest(), KeyInfo(key.name, key.tenant or key.name, key.admin, key.rpm,
                                           key.tpm))
                    for key in settings.auth.keys)
@@ -98,6 +101,7 @@ def create_app(
     )
     routing = settings.routing
     app[SETTINGS] = settings
+    app[DRAIN] = Drain()
     app[KEYRING] = ring
     app[MODEL_ROUTES] = settings.small_model_routes()
     app[CLOCK] = clock
@@ -118,6 +122,7 @@ def create_app(
     fleet = app[FLEET]
     telemetry.register_backend_health(lambda: health_report(fleet, clock()))
     app.cleanup_ctx.append(_upstream_client)
+    app.cleanup_ctx.append(body_parsing)
     app.cleanup_ctx.append(_backend_health)
     if settings.small_model:
         app.cleanup_ctx.append(small_model_running)
@@ -199,6 +204,7 @@ async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
     relay = Relay(session=session, fleet=app[FLEET], first_byte_timeout=server.first_byte_timeout_s,
                   clock=app[CLOCK], stream_idle_timeout=server.stream_idle_timeout_s,
                   client_write_timeout=server.client_write_timeout_s)
+    app[RELAY] = relay
     app[PROXY] = Proxy(relay=relay, gate=app[GATE], clock=app[CLOCK], budget=RetryBudget(),
                        metrics=app[TELEMETRY])
     try:

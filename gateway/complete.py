@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import replace
+from functools import partial
 
 import orjson
 from aiohttp import web
@@ -29,9 +30,10 @@ from aiohttp import web
 from gateway.admission import Overloaded
 from gateway.attempt import CLIENT_CLOSED, ClientGone, Forwarded, Outcome
 from gateway.auth import KeyInfo, authorize
+from gateway.body import parse
 from gateway.cache.cache import CacheTap
 from gateway.cache.http import Answered, lookup
-from gateway.errors import BodyTooLarge, GatewayError, ModelNotFound, RateLimited
+from gateway.errors import GatewayError, ModelNotFound, RateLimited
 from gateway.exchange import (
     CHAT,
     TEXT,
@@ -39,36 +41,32 @@ from gateway.exchange import (
     Endpoint,
     Exchange,
     job_of,
-    prompt_of,
-    prompt_text,
-    tenant_of,
-    user_turns,
 )
 from gateway.headers import stamp, stamp_error
 from gateway.keys import CLOCK, FLEET, KEYRING, MODEL_ROUTES, PROXY, SETTINGS
 from gateway.observe import RECORDER
 from gateway.ratelimit import estimated_tokens, tokens_used
 from gateway.relay import UpstreamCall
-from gateway.schemas import ChatCompletionRequest, CompletionRequest, decode_object, validate
+from gateway.schemas import Validator, validate_chat, validate_completion
 from gateway.small_model import choose
 from gateway.telemetry.outcome import CACHE_MISS
 from routing.dispatch import Job
 from routing.model_select import LARGE_FREE, OVERFLOW, Selection, SmallModelRoute
 
 INTERNAL_STATUS = 500
-Schema = type[ChatCompletionRequest] | type[CompletionRequest]
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await complete(request, CHAT, ChatCompletionRequest)
+    max_messages = request.app[SETTINGS].server.max_messages
+    return await complete(request, CHAT, partial(validate_chat, max_messages=max_messages))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await complete(request, TEXT, CompletionRequest)
+    return await complete(request, TEXT, validate_completion)
 
 
 async def complete(request: web.Request, endpoint: Endpoint,
-                   schema: Schema) -> web.StreamResponse:
+                   schema: Validator) -> web.StreamResponse:
     """`serve`, recorded exactly once on every path, its answer carrying the exchange's
     headers."""
     recorder, clock = request.app[RECORDER], request.app[CLOCK]
@@ -92,7 +90,7 @@ async def complete(request: web.Request, endpoint: Endpoint,
     return response
 
 
-async def serve(request: web.Request, ex: Exchange, schema: Schema) -> web.StreamResponse:
+async def serve(request: web.Request, ex: Exchange, schema: Validator) -> web.StreamResponse:
     """The request's steps, in order; each decision is written on `ex` here (and in the steps
     it calls from here), and only here."""
     app = request.app
@@ -166,27 +164,6 @@ def keep_answer(tap: CacheTap, outcome: Outcome, *, stream: bool) -> None:
         tap.whole(outcome.answer)
     elif stream:
         tap.stream_ended(outcome.usage)
-
-
-async def parse(request: web.Request, ex: Exchange, schema: Schema,
-                key: KeyInfo | None) -> Asked:
-    """The body, validated and read once; with API keys on, a request's tenant is its key's."""
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        limit = request.app[SETTINGS].server.max_body_bytes
-        raise BodyTooLarge(f"the request body is larger than the limit of {limit} bytes") from exc
-    data = decode_object(raw)
-    body = validate(schema, data)
-    tenant_header = request.app[SETTINGS].routing.tenant_header
-    conversation, exact = prompt_of(data)
-    return Asked(
-        raw=raw, data=data, model=body.model, stream=body.stream,
-        include_usage=body.include_usage, output_cap=body.output_cap, choices=body.n or 1,
-        prompt_text=prompt_text(data), conversation=conversation, prompt_tokens=exact,
-        user_turns=user_turns(data),
-        tenant=key.tenant if key is not None else tenant_of(ex.headers, tenant_header),
-    )
 
 
 def charge_tokens(app: web.Application, key: KeyInfo | None, asked: Asked) -> int:

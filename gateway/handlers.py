@@ -14,6 +14,7 @@ from aiohttp import web
 from gateway.admission import GATE
 from gateway.cache.http import admin_cache, admin_cache_flush, admin_cache_shadow
 from gateway.complete import chat_completions, completions
+from gateway.drain import DRAIN
 from gateway.errors import ModelNotFound
 from gateway.keys import CLOCK, FLEET, MODEL_ROUTES, SETTINGS, STARTED_AT
 from gateway.schemas import model_list
@@ -47,13 +48,15 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """200 while at least one backend can take traffic: reachable and not ejected (a Retry-After
-    hold-off is short backpressure, not unreadiness)."""
+    """200 while at least one backend can take traffic (reachable and not ejected; a Retry-After
+    hold-off is short backpressure, not unreadiness) and the gateway is not draining."""
     app = request.app
     fleet, now = app[FLEET], app[CLOCK]()
     healthy = sum(1 for spec in fleet.specs if fleet.is_healthy(spec.id, now))
-    status = 200 if healthy else 503
-    body = {"status": "ready" if healthy else "unavailable", "healthy_backends": healthy}
+    draining = app[DRAIN].draining
+    status = 200 if healthy and not draining else 503
+    word = "draining" if draining else "ready" if healthy else "unavailable"
+    body = {"status": word, "healthy_backends": healthy}
     return _json(body, status=status)
 
 

@@ -82,13 +82,26 @@ class Relay:
         self._write_timeout = client_write_timeout
         self._clock = clock
         self._carrier = Carrier(idle_s=stream_idle_timeout, on_idle=self._idled)
-        self._live: set[StreamWatch] = set()  # the streams being relayed to their clients now
+        # The streams being relayed to their clients now, with their handlers' tasks.
+        self._live: dict[StreamWatch, asyncio.Task[Any] | None] = {}
 
     @property
     def live_streams(self) -> frozenset[StreamWatch]:
         """The streams being relayed now; `stop` one to end it with an error event and
         `[DONE]`."""
         return frozenset(self._live)
+
+    async def end_streams(self, message: str, *, wait_s: float = 2.0) -> int:
+        """Ends every stream still being relayed (shutdown): each gets an SSE error event
+        (`shutting_down`) and `[DONE]`, and its upstream is closed so the backend aborts. Waits
+        up to `wait_s` for their handlers to finish. Returns how many there were."""
+        live = list(self._live.items())
+        for watch, _ in live:
+            watch.stop(message, code="shutting_down")
+        tasks = [task for _, task in live if task is not None and not task.done()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=wait_s)
+        return len(live)
 
     def carried(self, dispatch: Dispatch) -> asyncio.Task[None] | None:
         """The task reading `dispatch`'s stream on for its followers, if its client left while
@@ -228,7 +241,7 @@ class Relay:
         watch = StreamWatch(loop, content, idle_s=self._idle_timeout,
                             write_s=self._write_timeout,
                             on_client_stuck=lambda: _cut_off(request, backend_id))
-        self._live.add(watch)
+        self._live[watch] = asyncio.current_task()
         failure: str | None = None
         code = "upstream_stream_failed"
         tap = call.tap
@@ -256,7 +269,7 @@ class Relay:
                     self._idled(backend_id)
                     break
                 except StreamStopped as exc:
-                    failure, code = str(exc), "stream_stopped"
+                    failure, code = str(exc), exc.code
                     break
                 if not chunk:
                     break
@@ -308,7 +321,7 @@ class Relay:
             return Relayed(response, 500, failure, observer.usage)
         finally:
             watch.close()
-            self._live.discard(watch)
+            self._live.pop(watch, None)
         error = failure or (observer.error or {}).get("message")
         return Relayed(response, 200, error, observer.usage)
 

@@ -1,124 +1,190 @@
 """OpenAI request bodies as the gateway validates them at the edge.
 
-Only the fields the gateway itself relies on are checked; every other field is allowed and left to
-the backend (the original bytes are forwarded). A failed check becomes a 400 naming the field in
-OpenAI's style (`messages[0].role`).
+Only the fields the gateway itself relies on are checked, field by field on the decoded dict, in
+the order OpenAI's reference lists them; every other field is allowed and left to the backend
+(the original bytes are forwarded). Nothing is turned into a model of the body's whole tree: a
+conversation is bounded by `max_messages`, and each message costs a few dict lookups, so no
+valid body holds the event loop for long. A failed check becomes a 400 naming the first field
+that failed in OpenAI's style (`messages[0].role`), worded as pydantic words it.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictInt,
-    StrictStr,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-)
 
 from gateway.errors import InvalidRequest
-
-
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-
-class StreamOptions(_Open):
-    include_usage: StrictBool | None = None
-
 
 # The roles OpenAI's chat API accepts ("function" is its deprecated form of "tool").
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
-
-class ChatMessage(_Open):
-    role: StrictStr = Field(min_length=1)
-    content: Any = None
-
-    @field_validator("role")
-    @classmethod
-    def _known_role(cls, value: str) -> str:
-        if value not in ROLES:
-            raise ValueError(f"must be one of {', '.join(ROLES)}, not {value!r}")
-        return value
-
-    @field_validator("content")
-    @classmethod
-    def _content_shape(cls, value: Any) -> Any:
-        if value is None or isinstance(value, str):
-            return value
-        if isinstance(value, list) and all(isinstance(part, dict) for part in value):
-            return value
-        raise ValueError("must be a string, a list of content parts (objects) or null")
+_MISSING = object()
+_REQUIRED = "Field required"
+_NOT_STRING = "Input should be a valid string"
+_EMPTY_STRING = "String should have at least 1 character"
+_NOT_BOOL = "Input should be a valid boolean"
+_NOT_INT = "Input should be a valid integer"
+_BELOW_ONE = "Input should be greater than or equal to 1"
+_NOT_LIST = "Input should be a valid list"
 
 
-class _Completion(_Open):
-    model: StrictStr = Field(min_length=1)
-    stream: StrictBool = False
-    stream_options: StreamOptions | None = None
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
-    n: StrictInt | None = Field(default=None, ge=1)
-    temperature: float | None = None  # 0 to 2, as OpenAI takes it
-    top_p: float | None = None  # 0 to 1
-    seed: StrictInt | None = None
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """What the gateway reads of a valid completion body."""
 
-    @field_validator("temperature", "top_p", mode="before")
-    @classmethod
-    def _sampling_range(cls, value: Any, info: ValidationInfo) -> Any:
-        high = 2 if info.field_name == "temperature" else 1
+    model: str
+    stream: bool
+    include_usage: bool  # stream_options.include_usage
+    output_cap: int | None  # chat: max_completion_tokens or max_tokens; text: max_tokens
+    n: int | None
+
+
+class _Invalid(Exception):
+    def __init__(self, loc: tuple[int | str, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
+def validate_chat(data: dict[str, Any], *, max_messages: int) -> Fields:
+    """A chat completion body's fields; InvalidRequest naming the first that is wrong."""
+    return _validated(lambda: _chat(data, max_messages))
+
+
+def validate_completion(data: dict[str, Any]) -> Fields:
+    """A (legacy) completion body's fields; InvalidRequest naming the first that is wrong."""
+    return _validated(lambda: _completion(data))
+
+
+Validator = Callable[[dict[str, Any]], Fields]
+
+
+def _validated(check: Callable[[], Fields]) -> Fields:
+    try:
+        return check()
+    except _Invalid as exc:
+        param = field_path(exc.loc)
+        raise InvalidRequest(f"{param}: {exc.message}", param=param) from None
+
+
+def _chat(data: dict[str, Any], max_messages: int) -> Fields:
+    common = _common(data)
+    messages = data.get("messages", _MISSING)
+    if messages is _MISSING:
+        raise _Invalid(("messages",), _REQUIRED)
+    if not isinstance(messages, list):
+        raise _Invalid(("messages",), _NOT_LIST)
+    if not messages:
+        raise _Invalid(("messages",), "List should have at least 1 item after validation, not 0")
+    if len(messages) > max_messages:
+        raise _Invalid(("messages",), f"at most {max_messages} messages are accepted in one "
+                                      f"request, not {len(messages)} (server.max_messages)")
+    for index, message in enumerate(messages):
+        _message(index, message)
+    cap = _positive_int(data, "max_completion_tokens")
+    return Fields(common.model, common.stream, common.include_usage,
+                  cap or common.output_cap, common.n)
+
+
+def _completion(data: dict[str, Any]) -> Fields:
+    common = _common(data)
+    prompt = data.get("prompt", _MISSING)
+    if prompt is _MISSING:
+        raise _Invalid(("prompt",), _REQUIRED)
+    if not _prompt_ok(prompt):
+        raise _Invalid(("prompt",), "Value error, must be a string, a list of strings, a list "
+                                    "of token ids or a list of token-id lists")
+    return common
+
+
+def _common(data: dict[str, Any]) -> Fields:
+    """The fields both endpoints share, in their order."""
+    model = data.get("model", _MISSING)
+    if model is _MISSING:
+        raise _Invalid(("model",), _REQUIRED)
+    if not isinstance(model, str):
+        raise _Invalid(("model",), _NOT_STRING)
+    if not model:
+        raise _Invalid(("model",), _EMPTY_STRING)
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _Invalid(("stream",), _NOT_BOOL)
+    include_usage = False
+    options = data.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise _Invalid(("stream_options",),
+                           "Input should be a valid dictionary or instance of StreamOptions")
+        usage = options.get("include_usage")
+        if usage is not None and not isinstance(usage, bool):
+            raise _Invalid(("stream_options", "include_usage"), _NOT_BOOL)
+        include_usage = bool(usage)
+    max_tokens = _positive_int(data, "max_tokens")
+    n = _positive_int(data, "n")
+    for name, high in (("temperature", 2), ("top_p", 1)):
+        value = data.get(name)
         if value is None:
-            return value
+            continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= high:
-            raise ValueError(f"must be a number from 0 to {high}, not {value!r}")
-        return value
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
-
-
-class ChatCompletionRequest(_Completion):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
-
-    @property
-    def output_cap(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+            raise _Invalid((name,), f"Value error, must be a number from 0 to {high}, "
+                                    f"not {value!r}")
+    seed = data.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise _Invalid(("seed",), _NOT_INT)
+    return Fields(model, stream, include_usage, max_tokens, n)
 
 
-class CompletionRequest(_Completion):
-    prompt: Any
-
-    @field_validator("prompt")
-    @classmethod
-    def _prompt_shape(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, list) and value:
-            if all(isinstance(p, str) for p in value):
-                return value
-            if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-                return value
-            if all(
-                isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in value
-            ):
-                return value
-        raise ValueError(
-            "must be a string, a list of strings, a list of token ids or a list of token-id lists"
-        )
-
-    @property
-    def output_cap(self) -> int | None:
-        return self.max_tokens
+def _message(index: int, message: object) -> None:
+    if not isinstance(message, dict):
+        raise _Invalid(("messages", index),
+                       "Input should be a valid dictionary or instance of ChatMessage")
+    role = message.get("role", _MISSING)
+    if role is _MISSING:
+        raise _Invalid(("messages", index, "role"), _REQUIRED)
+    if not isinstance(role, str):
+        raise _Invalid(("messages", index, "role"), _NOT_STRING)
+    if not role:
+        raise _Invalid(("messages", index, "role"), _EMPTY_STRING)
+    if role not in ROLES:
+        raise _Invalid(("messages", index, "role"),
+                       f"Value error, must be one of {', '.join(ROLES)}, not {role!r}")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return
+    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
+        return
+    raise _Invalid(("messages", index, "content"),
+                   "Value error, must be a string, a list of content parts (objects) or null")
 
 
-_C = TypeVar("_C", bound=_Completion)
+def _positive_int(data: dict[str, Any], name: str) -> int | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise _Invalid((name,), _NOT_INT)
+    if value < 1:
+        raise _Invalid((name,), _BELOW_ONE)
+    return int(value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _prompt_ok(value: object) -> bool:
+    if isinstance(value, str):
+        return True
+    if not isinstance(value, list) or not value:
+        return False
+    if all(isinstance(p, str) for p in value):
+        return True
+    if all(_is_int(t) for t in value):
+        return True
+    return all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in value)
 
 
 def decode_object(raw: bytes) -> dict[str, Any]:
@@ -130,15 +196,6 @@ def decode_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidRequest("the body must be a JSON object")
     return data
-
-
-def validate(model: type[_C], data: dict[str, Any]) -> _C:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        param = field_path(error["loc"])
-        raise InvalidRequest(f"{param}: {error['msg']}", param=param) from exc
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:

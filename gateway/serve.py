@@ -6,8 +6,8 @@
 With `--backend` (repeatable) each backend's models are discovered from its /v1/models; given with
 `--config` the flags replace the file's backends. Flags override `KVGATE_*` variables, which
 override the file (see gateway/config.py). `--redis URL` turns the response cache on with its
-entries in that Redis (shared by every gateway replica pointed at it). Runs on uvloop until SIGINT
-or SIGTERM.
+entries in that Redis (shared by every gateway replica pointed at it). Runs on uvloop until SIGTERM
+(a graceful drain, gateway/lifecycle.py) or SIGINT (the same without the grace).
 """
 
 from __future__ import annotations
@@ -17,17 +17,19 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import uvloop
-from aiohttp import web
 
-from gateway.app import create_app
+from gateway import redact
 from gateway.cli import UsageError
 from gateway.config import Settings, load_settings
+from gateway.connections import FD_HEADROOM, raise_fd_limit
+from gateway.lifecycle import serving
 from gateway.logsink import configure_access_log
+from gateway.telemetry.accesslog import LOGGER_NAME as ACCESS_LOGGER
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -36,33 +38,29 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 async def running_gateway(settings: Settings, **app_options: Any) -> AsyncIterator[str]:
     """The gateway serving on `settings.server` (port 0: a free port), yielding its base URL
     (`http://host:port`, no /v1). `app_options` go to `create_app` (clock, rng, on_done)."""
-    app = create_app(settings, **app_options)
-    runner = web.AppRunner(
-        app,
-        handler_cancellation=True,  # a client disconnect cancels the handler: upstream closes
-        access_log=None,  # the proxy logs one line per request itself
-        shutdown_timeout=settings.server.shutdown_timeout_s,
-    )
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=1024)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        yield f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving(settings, **app_options) as gateway:
+        yield gateway.url
 
 
 async def serve_until_signalled(settings: Settings, on_ready: Callable[[str], None]) -> None:
-    """Serve until SIGINT or SIGTERM, then shut down cleanly."""
-    stop = asyncio.Event()
+    """Serve until SIGTERM or SIGINT, then drain (gateway/lifecycle.py) and shut down: SIGTERM
+    with the drain grace first, SIGINT (an operator's Ctrl-C) without it."""
+    stopped: asyncio.Future[signal.Signals] = asyncio.get_running_loop().create_future()
     loop = asyncio.get_running_loop()
+
+    def stop(sig: signal.Signals) -> None:
+        if not stopped.done():
+            stopped.set_result(sig)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stop, sig)
+    server = settings.server
     try:
-        async with running_gateway(settings) as url:
-            on_ready(url)
-            await stop.wait()
+        async with serving(settings) as gateway:
+            on_ready(gateway.url)
+            sig = await stopped
+            grace = server.drain_grace_s if sig == signal.SIGTERM else 0.0
+            await gateway.drain(grace, server.shutdown_timeout_s)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -73,12 +71,14 @@ def run_on_uvloop(main: Callable[[], Any]) -> None:
         runner.run(main())
 
 
-def configure_logging(level: str) -> None:
-    """Diagnostics to stderr; the JSON access log (one line per request) to stdout."""
+def configure_logging(level: str, secrets: Iterable[str] = ()) -> None:
+    """Diagnostics to stderr; the JSON access log (one line per request) to stdout. Neither ever
+    shows a secret (gateway/redact.py)."""
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     configure_access_log(level)
+    redact.install(secrets, (logging.getLogger(), logging.getLogger(ACCESS_LOGGER)))
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -129,7 +129,11 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, overrides=overrides_of(args))
     if not settings.backends:
         raise UsageError("no backends: pass --backend URL or a --config file with backends")
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, redact.secrets_of(settings))
+    server = settings.server
+    raised = raise_fd_limit(server.max_connections + server.max_upstream_connections + FD_HEADROOM)
+    if raised is not None:
+        logging.getLogger("kvgate.gateway").info("%s", raised)
 
     def ready(url: str) -> None:
         ids = ", ".join(spec.id for spec in settings.backend_specs())

@@ -32,7 +32,11 @@ class StreamIdle(StreamCut):
 
 
 class StreamStopped(StreamCut):
-    """The gateway ended the stream itself (`StreamWatch.stop`)."""
+    """The gateway ended the stream itself (`StreamWatch.stop`); `code` is the error event's."""
+
+    def __init__(self, message: str, code: str = "stream_stopped") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class StreamWatch:
@@ -55,9 +59,9 @@ class StreamWatch:
         self._handle: asyncio.TimerHandle | None = loop.call_at(
             self.read_since + min(idle_s, write_s), self._check)
 
-    def stop(self, message: str) -> None:
+    def stop(self, message: str, code: str = "stream_stopped") -> None:
         """Ends the stream: the relay's next (or pending) read raises `StreamStopped`."""
-        self._content.set_exception(StreamStopped(message))
+        self._content.set_exception(StreamStopped(message, code))
 
     def close(self) -> None:
         if self._handle is not None:

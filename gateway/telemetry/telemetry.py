@@ -19,6 +19,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor
 
 from gateway.telemetry.accesslog import LOGGER_NAME, AccessLog
+from gateway.telemetry.connections import ConnectionCounts, ConnectionInstruments
 from gateway.telemetry.gauges import BackendGaugesSource, QueueDepthSource, StateGauges
 from gateway.telemetry.health import HealthInstruments, HealthSource
 from gateway.telemetry.labels import LabelGuard
@@ -72,6 +73,7 @@ class Telemetry:
         self._reader.add_histograms(self._metrics.histograms)
         self._gauges = StateGauges(meter)
         self._health = HealthInstruments(meter)
+        self._connections = ConnectionInstruments(meter)
         self._access_log = AccessLog(
             logger if logger is not None else logging.getLogger(LOGGER_NAME),
             sample_rate=settings.access_log_sample_rate,
@@ -138,6 +140,10 @@ class Telemetry:
     def register_queue_depth(self, source: QueueDepthSource) -> None:
         """The queue-depth gauge reads `source()` at each scrape; a later call replaces it."""
         self._gauges.set_queue_depth_source(source)
+
+    def register_client_connections(self, book: ConnectionCounts) -> None:
+        """The client-connection instruments read `book` at each scrape."""
+        self._connections.set_source(book)
 
     def render_prometheus(self) -> bytes:
         """Body for GET /metrics; serve it with `prometheus.CONTENT_TYPE`."""

@@ -1,0 +1,163 @@
+"""A completion request's body, from the socket to the `Asked` the completion path reads.
+
+- The bytes: a `Content-Encoding` the server cannot decode (an unknown one, or a corrupt gzip or
+  deflate stream) is a 400 in OpenAI's shape, a body past `server.max_body_bytes` (after
+  decompression) a 413.
+- The JSON and its checks: a body past `WORKER_BYTES` is decoded, checked and turned into its
+  prompt texts in a worker process, so that the event loop keeps relaying every other stream
+  meanwhile; a smaller one on the loop, where the hop would cost more than the work. Not a
+  thread: orjson holds the GIL while it decodes, and a thread would stall the loop the same.
+- The fields: checked one by one on the decoded dict (gateway/schemas.py), the conversation
+  bounded by `server.max_messages`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import signal
+from collections.abc import AsyncIterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD
+from aiohttp.web_protocol import RequestPayloadError
+
+from gateway.auth import KeyInfo
+from gateway.errors import BodyTooLarge, InvalidRequest
+from gateway.exchange import Asked, Exchange, prompt_of, prompt_text, tenant_of, user_turns
+from gateway.keys import SETTINGS
+from gateway.schemas import Fields, Validator, decode_object
+
+WORKER_BYTES = 256 * 1024  # bodies past this are parsed off the event loop
+ENCODINGS = frozenset(
+    {"", "identity", "gzip", "x-gzip", "deflate"}
+    | ({"br"} if HAS_BROTLI else set())
+    | ({"zstd"} if HAS_ZSTD else set())
+)
+
+
+async def read_body(request: web.Request, max_body_bytes: int) -> bytes:
+    """The request's body, decoded from its Content-Encoding. InvalidRequest for an encoding
+    that is unknown or does not decode, BodyTooLarge past `max_body_bytes`."""
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ENCODINGS:
+        raise InvalidRequest(f"unsupported Content-Encoding {encoding[:40]!r}; send identity, "
+                             f"{', '.join(sorted(ENCODINGS - {'', 'identity', 'x-gzip'}))}",
+                             param="Content-Encoding")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise BodyTooLarge(
+            f"the request body is larger than the limit of {max_body_bytes} bytes") from exc
+    except RequestPayloadError as exc:
+        what = "its Content-Encoding" if encoding not in ("", "identity") else "its framing"
+        raise InvalidRequest(f"the request body could not be read: it does not decode as "
+                             f"{what}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """What the completion path reads of a body, computed once (here or in the worker)."""
+
+    data: dict[str, Any]
+    fields: Fields
+    conversation: str
+    prompt_tokens: int | None
+    prompt_text: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """An InvalidRequest as the worker sends it back (the error itself does not pickle)."""
+
+    message: str
+    param: str | None
+
+
+def parsed(raw: bytes, validate: Validator) -> Parsed:
+    """Decodes and checks `raw` (InvalidRequest naming the first wrong field)."""
+    data = decode_object(raw)
+    fields = validate(data)
+    conversation, exact = prompt_of(data)
+    return Parsed(data, fields, conversation, exact, prompt_text(data))
+
+
+def _parsed_in_worker(raw: bytes, validate: Validator) -> Parsed | _Refused:
+    try:
+        return parsed(raw, validate)
+    except InvalidRequest as exc:
+        return _Refused(exc.message, exc.param)
+
+
+def _worker_started() -> None:
+    """The worker leaves Ctrl-C and SIGTERM to the gateway, which ends it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class BodyParser:
+    """Parses bodies: a small one on the event loop, a big one in a worker process, started
+    with the first big body and ended with the app. The loop then pays only for copying the
+    bytes out and the results back (strings copy fast; a body of many objects that the checks
+    refuse, past max_messages say, comes back as its small error, never as its tree)."""
+
+    def __init__(self, threshold: int = WORKER_BYTES) -> None:
+        self._threshold = threshold
+        self._pool: ProcessPoolExecutor | None = None
+
+    async def parse(self, raw: bytes, validate: Validator) -> Parsed:
+        if len(raw) <= self._threshold:
+            return parsed(raw, validate)
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("forkserver"),
+                initializer=_worker_started)
+        pool = self._pool
+        try:
+            # Submitted from a thread: the first submission starts the worker and waits for it.
+            answer = await asyncio.to_thread(
+                lambda: pool.submit(_parsed_in_worker, raw, validate).result())
+        except BrokenProcessPool:
+            self._pool = None  # the worker died (killed, out of memory): a new one next time
+            raise
+        if isinstance(answer, _Refused):
+            raise InvalidRequest(answer.message, param=answer.param)
+        return answer
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+BODY_PARSER = web.AppKey("body_parser", BodyParser)
+
+
+async def body_parsing(app: web.Application) -> AsyncIterator[None]:
+    """The app's BodyParser, for its lifetime (a cleanup context)."""
+    app[BODY_PARSER] = parser = BodyParser()
+    try:
+        yield
+    finally:
+        parser.close()
+
+
+async def parse(request: web.Request, ex: Exchange, validate: Validator,
+                key: KeyInfo | None) -> Asked:
+    """The body, validated and read once; with API keys on, a request's tenant is its key's."""
+    settings = request.app[SETTINGS]
+    raw = await read_body(request, settings.server.max_body_bytes)
+    body = await request.app[BODY_PARSER].parse(raw, validate)
+    fields = body.fields
+    tenant_header = settings.routing.tenant_header
+    return Asked(
+        raw=raw, data=body.data, model=fields.model, stream=fields.stream,
+        include_usage=fields.include_usage, output_cap=fields.output_cap,
+        choices=fields.n or 1, prompt_text=body.prompt_text, conversation=body.conversation,
+        prompt_tokens=body.prompt_tokens, user_turns=user_turns(body.data),
+        tenant=key.tenant if key is not None else tenant_of(ex.headers, tenant_header),
+    )
