@@ -13,6 +13,7 @@ An answer is one of:
 from __future__ import annotations
 
 import asyncio
+import io
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -91,7 +92,8 @@ async def send(http: aiohttp.ClientSession, url: str, body: Mapping[str, Any] | 
                on_first: Callable[[], None] | None = None) -> Answer:
     """POSTs one request and judges what comes back (a client's own deadline: lost past it);
     `on_first` is called when the first body bytes arrive."""
-    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    raw_body = body if isinstance(body, bytes) else orjson.dumps(body)
+    data: bytes | io.BytesIO = io.BytesIO(raw_body) if len(raw_body) > 1 << 20 else raw_body
     sent_headers = {"Content-Type": "application/json", **(headers or {})}
     try:
         async with asyncio.timeout(deadline_s), \

@@ -10,7 +10,8 @@ Chat modes (`POST /v1/chat/completions` and `/v1/completions`):
 - `stall`: headers and two chunks, then nothing until HANG_S, then the connection is closed;
 - `reset`: headers and two chunks, then a TCP reset;
 - `garbage`: 200 `text/event-stream` whose body is not SSE, then the connection is closed;
-- `endless`: a chunk every CHUNK_GAP_S until the client leaves or ENDLESS_S passed.
+- `endless`: a chunk every CHUNK_GAP_S until the client leaves, `max_tokens` chunks were sent
+  or ENDLESS_S passed (a request without `stream` is answered as in `ok`).
 Metrics modes (`GET /metrics`): `good` (a real vLLM V1 payload), `garbage`, `404`, `hang` (no
 answer until HANG_S). Every mode ends within a bounded time, so a test that forgets a client
 never leaves it behind.
@@ -113,7 +114,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
         _reset(request)
         return response
     if not stream:
-        if mode in ("stall", "reset", "endless"):  # the same faults, before the whole body
+        if mode in ("stall", "reset"):  # the same faults, before the whole body
             await asyncio.sleep(HANG_S if mode != "reset" else 0.05)
             _reset(request)
             return web.Response(status=500)
@@ -134,7 +135,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if mode == "endless":
         loop = asyncio.get_running_loop()
         end = loop.time() + ENDLESS_S
-        while loop.time() < end:
+        chunks = body.get("max_tokens")
+        left = chunks if isinstance(chunks, int) and chunks > 0 else None
+        while loop.time() < end and (left is None or left > 0):
+            left = None if left is None else left - 1
             await asyncio.sleep(CHUNK_GAP_S)
             await response.write(_chunk(state.model, " more"))
     await response.write(_chunk(state.model, "!", "stop"))
@@ -186,7 +190,7 @@ def create_app(chat_mode: str = "ok", metrics_mode: str = "good",
                model: str = MODEL) -> web.Application:
     if chat_mode not in CHAT_MODES or metrics_mode not in METRICS_MODES:
         raise ValueError(f"unknown mode {chat_mode!r} / {metrics_mode!r}")
-    app = web.Application()
+    app = web.Application(client_max_size=64 * 1024 * 1024)  # the 30 MB body row
     payload = (FIXTURES / "vllm-v1.prom").read_text().replace(_VLLM_MODEL, model).encode()
     app[STATE] = _State(chat=chat_mode, metrics=metrics_mode, model=model, payload=payload)
     app.router.add_post("/v1/chat/completions", chat)

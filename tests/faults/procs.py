@@ -121,8 +121,8 @@ def _python(*args: str) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def sim(*, model: str = "faulty-model", time_scale: float = 1.0, seed: int = 0,
-              port: int | None = None,
-              preset: str | None = None) -> AsyncIterator[Proc]:
+              port: int | None = None, preset: str | None = None,
+              num_gpu_blocks: int | None = None) -> AsyncIterator[Proc]:
     """`kvgate sim` on `port` (default: a free one; a given one lets a killed backend come
     back where the gateway knows it)."""
     port = port or free_port()
@@ -130,6 +130,8 @@ async def sim(*, model: str = "faulty-model", time_scale: float = 1.0, seed: int
                    "--time-scale", str(time_scale), "--seed", str(seed))
     if preset:
         argv += ["--preset", preset]
+    if num_gpu_blocks:
+        argv += ["--num-gpu-blocks", str(num_gpu_blocks)]
     async with _started(argv, port, "/health") as started:
         yield started
 
