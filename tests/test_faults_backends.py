@@ -38,8 +38,8 @@ WAITS_FOR_FRESHNESS = "metrics freshness kept apart from health (stale, still ro
 WAITS_FOR_RETRY_AFTER = "503 no_healthy_backend with Retry-After at once"
 
 
-async def streams_begun(url: str, count: int, fault: asyncio.Event, *,
-                        max_tokens: int) -> list[Answer]:
+async def streams_begun(url: str, count: int, fault: asyncio.Event, *, max_tokens: int,
+                        deadline_s: float = 45.0) -> list[Answer]:
     """`count` long streams; `fault` is set once every one has its first bytes."""
     begun = 0
 
@@ -52,7 +52,8 @@ async def streams_begun(url: str, count: int, fault: asyncio.Event, *,
     body = chat_body(max_tokens=max_tokens, ignore_eos=True)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         answers = await asyncio.gather(
-            *(send(http, url, body, on_first=first, deadline_s=45) for _ in range(count)))
+            *(send(http, url, body, on_first=first, deadline_s=deadline_s)
+              for _ in range(count)))
     return list(answers)
 
 
@@ -123,7 +124,7 @@ async def test_a_backend_frozen_mid_stream_ends_its_streams_with_an_error_event(
         async def row() -> None:
             fault = asyncio.Event()
             streams = asyncio.ensure_future(
-                streams_begun(gateway.url, 20, fault, max_tokens=400))
+                streams_begun(gateway.url, 20, fault, max_tokens=400, deadline_s=25))
             await asyncio.wait_for(fault.wait(), 60)
             frozen.freeze()
             try:
@@ -177,14 +178,20 @@ async def test_a_backend_erroring_while_its_metrics_look_fine(mode: str, most_tr
         await three_times(gateway, row)
 
 
-@pytest.mark.parametrize(("mode", "status", "retry_after"), [
-    pytest.param("429", 429, str(RETRY_AFTER_S), id="a 429 keeps its status and Retry-After"),
-    pytest.param("503", 503, None, id="a 503 is relayed as a 503 with a Retry-After"),
-    pytest.param("500", 500, None, id="a 500 keeps its status and the backend's message"),
+@pytest.mark.parametrize(("mode", "status", "retry_after", "streams"), [
+    pytest.param("429", 429, str(RETRY_AFTER_S), (False, True),
+                 id="a 429 keeps its status and Retry-After",
+                 marks=pytest.mark.xfail(strict=True, reason=WAITS_FOR_RELAY)),
+    pytest.param("503", 503, None, (False, True),
+                 id="a 503 is relayed as a 503 with a Retry-After",
+                 marks=pytest.mark.xfail(strict=True, reason=WAITS_FOR_RELAY)),
+    # One request a repetition: before ejection kept apart from health, three failures in a row
+    # make the only backend unhealthy (a 503 of the gateway's own instead of the relayed 500).
+    pytest.param("500", 500, None, (False,),
+                 id="a 500 keeps its status and the backend's message"),
 ])
-@pytest.mark.xfail(strict=True, reason=WAITS_FOR_RELAY)
 async def test_an_upstream_error_is_relayed_with_its_status_retry_after_and_message(
-        mode: str, status: int, retry_after: str | None) -> None:
+        mode: str, status: int, retry_after: str | None, streams: tuple[bool, ...]) -> None:
     async with AsyncExitStack() as stack:
         bad = await stack.enter_async_context(procs.misbehaving(mode, "good"))
         gateway = await stack.enter_async_context(procs.gateway(procs.gateway_config(
@@ -192,15 +199,18 @@ async def test_an_upstream_error_is_relayed_with_its_status_retry_after_and_mess
         await until_healthy(gateway, "b0")
 
         async def row() -> None:
-            answers = await send_many(gateway.url, [chat_body(stream=s) for s in (False, True)])
+            answers = await send_many(gateway.url, [chat_body(stream=s) for s in streams])
             assert_none_lost(answers)
             for answer in answers:
                 assert (answer.kind, answer.status) == ("error", status), answer
+                assert answer.message, answer  # the backend's own words, not a bare status
                 if status in (429, 503):
                     assert "retry-after" in answer.headers, answer.headers
                 if retry_after is not None:
                     assert answer.headers["retry-after"] == retry_after
                 assert "keep-alive" not in answer.headers  # no hop-by-hop header relayed
+            if mode == "500":
+                assert "CUDA error" in answers[0].message, answers[0]
 
         await three_times(gateway, row)
 

@@ -33,6 +33,7 @@ class Answer:
     headers: Mapping[str, str] = field(default_factory=dict)
     why: str = ""  # what made it an error or lost
     backend: str | None = None
+    message: str = ""  # an error's message
 
 
 def chat_body(*, stream: bool = True, max_tokens: int = 8, text: str = "hello",
@@ -58,7 +59,7 @@ def judge_json(status: int, headers: Mapping[str, str], body: bytes) -> Answer:
         return Answer("ok" if ok else "lost", status, headers, "" if ok else "no choices")
     if is_openai_error(payload):
         return Answer("error", status, headers, str(payload["error"].get("code")),
-                      headers.get("x-kvgate-backend"))
+                      headers.get("x-kvgate-backend"), payload["error"]["message"])
     return Answer("lost", status, headers, f"not an OpenAI error body: {body[:120]!r}")
 
 
