@@ -183,7 +183,7 @@ async def test_a_30_mb_valid_body_is_answered_while_20_streams_run() -> None:
             assert_none_lost(answers)
             assert all(a.kind == "ok" for a in answers), [a.why for a in answers]
 
-        await three_times(gateway, row)
+        await three_times(gateway, row, rss_slack_kib=3 * len(big) // 1024)
 
 
 @pytest.mark.xfail(strict=True, reason="graceful drain: /ready 503, 503 with Retry-After, "
