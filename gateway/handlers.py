@@ -17,6 +17,7 @@ from gateway.complete import chat_completions, completions
 from gateway.drain import DRAIN
 from gateway.errors import ModelNotFound
 from gateway.keys import CLOCK, FLEET, MODEL_ROUTES, SETTINGS, STARTED_AT
+from gateway.openapi import openapi_json
 from gateway.schemas import model_list
 
 JSON = "application/json"
@@ -82,6 +83,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models/{model:.+}", retrieve_model)  # ids may hold a slash
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
+    app.router.add_get("/openapi.json", openapi_json)
     app.router.add_get("/admin/backends", admin_backends)
     app.router.add_get("/admin/cache", admin_cache)
     app.router.add_delete("/admin/cache", admin_cache_flush)

@@ -40,4 +40,5 @@ tiers() {
 tiers "unit or loopback" -n 2 "$@"
 tiers realtime "$@"
 tiers bench "$@"
+tiers faults -n 2 --dist loadfile "$@"  # the fault rows; a module's rows share one worker
 scripts/floor_check.sh  # the oldest dependency versions pyproject.toml allows, in .venv-floor

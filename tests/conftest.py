@@ -6,6 +6,8 @@
 - realtime: depends on wall-clock pacing (simulators at real speed, a request held while another
   waits, timeouts of a fraction of a second to seconds); run apart, one at a time.
 - bench: runs a benchmark end to end.
+- faults: the fault-injection rows (tests/faults/): backends, clients and Redis as subprocesses
+  that the rows kill, freeze and flood; minutes, not seconds, so run after the bench tier.
 
 A test's tier is its entry in OVERRIDES (by test name, with or without its parameter id), else
 its module's entry in MODULES, else the first rule of DEFAULTS whose prefix its module's name
@@ -25,7 +27,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-TIERS = ("unit", "loopback", "realtime", "bench")  # registered in pyproject.toml
+TIERS = ("unit", "loopback", "realtime", "bench", "faults")  # registered in pyproject.toml
 
 # Measured: what each module opens and how long it takes.
 MODULES = {
@@ -82,6 +84,11 @@ MODULES = {
     "test_gateway_telemetry": "loopback",
     "test_gateway_upstream_errors": "loopback",
     "test_gateway_upstream_timeouts": "realtime",
+    "test_faults_backends": "faults",
+    "test_faults_clients": "faults",
+    "test_faults_fuzz": "faults",
+    "test_faults_openapi": "loopback",
+    "test_faults_redis": "faults",
     "test_loadtest_benches": "bench",
     "test_loadtest_live_fleet": "bench",
     "test_loadtest_probe": "unit",
@@ -227,6 +234,7 @@ DEFAULTS = (
     ("test_routing_", "unit"),
     ("test_telemetry_", "unit"),
     ("test_fleetsim_", "unit"),
+    ("test_faults_", "faults"),
     ("", "loopback"),
 )
 
