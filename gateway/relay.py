@@ -5,8 +5,9 @@
   byte within the first-byte timeout (the attempt's connection is closed: the backend aborts),
   a 5xx or a 429. Once the first byte went out, a failure ends the stream with an SSE error
   event and `[DONE]`, never a silent truncation.
-- A backend's error is relayed with its status and its `Retry-After`, and nothing else of its
-  headers; its body is normalised to OpenAI's shape, the backend's message kept.
+- A backend's error is relayed with its status and its `Retry-After` (a 503 without one gets
+  `Retry-After: 1`), and nothing else of its headers; its body is normalised to OpenAI's shape,
+  the backend's message kept.
 - A stream is watched (gateway/stream_watch.py): a backend silent for the stream idle timeout is
   cut (an error event and `[DONE]` for the client, a `stream_idle` failure of the backend); a
   client whose writes block for the client write timeout is cut off as a client disconnect,
@@ -191,6 +192,8 @@ class Relay:
             headers["Content-Type"] = "application/json"
             if retry_after is not None:
                 headers["Retry-After"] = retry_after
+            elif status == 503:  # every 503 tells the client when to come back
+                headers["Retry-After"] = "1"
         response = web.Response(status=status, body=body, headers=headers)
         now = self._clock()
         held = retry_after_s(retry_after) if status in (429, 503) else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import AsyncExitStack
+from uuid import uuid4
 
 import aiohttp
 import pytest
@@ -54,8 +55,11 @@ async def test_a_backend_killed_during_100_streams_ends_its_streams_with_an_erro
     port = procs.free_port()
     async with AsyncExitStack() as stack:
         healthy = await stack.enter_async_context(procs.sim(seed=1))
+        # The row is about the kill: a first byte slow to come while 100 streams start on a
+        # busy host must not be a timeout of its own.
         config = procs.gateway_config([f"http://127.0.0.1:{port}", healthy.url],
-                                      routing=ROUND_ROBIN, health=FAST_EJECTION)
+                                      routing=ROUND_ROBIN, health=FAST_EJECTION,
+                                      server={"first_byte_timeout_s": 30})
         victim = await stack.enter_async_context(procs.sim(port=port))
         gateway = await stack.enter_async_context(procs.gateway(config))
         await until_healthy(gateway, "b0", "b1")
@@ -89,16 +93,20 @@ async def test_a_backend_frozen_before_the_first_byte_costs_one_retry_not_an_err
         await until_healthy(gateway, "b0", "b1")
 
         async def row() -> None:
+            # Waves of 4 at once: each puts 2 on the frozen backend, within the retry budget's
+            # floor of 3 concurrent retries, until the timeouts eject it.
             frozen.freeze()
+            answers: list[Answer] = []
             try:
-                answers = await send_many(
-                    gateway.url, [chat_body(stream=i % 2 == 0) for i in range(20)],
-                    deadline_s=30)
+                for _wave in range(5):  # distinct questions: none is a cache hit
+                    answers += await send_many(
+                        gateway.url, [chat_body(stream=i % 2 == 0, text=f"hello {uuid4().hex}")
+                                      for i in range(4)], deadline_s=30)
             finally:
                 frozen.thaw()
             assert_none_lost(answers)
             assert all(a.kind == "ok" and a.backend == "b1" for a in answers), \
-                [(a.status, a.why) for a in answers if a.kind != "ok"]
+                [(a.kind, a.status, a.why, a.backend) for a in answers if a.backend != "b1"]
             await until_healthy(gateway, "b0")
 
         await three_times(gateway, row)
@@ -181,11 +189,18 @@ async def test_an_upstream_error_is_relayed_with_its_status_retry_after_and_mess
         gateway = await stack.enter_async_context(procs.gateway(procs.gateway_config(
             [bad], health={"consecutive_failures": 1000})))
         await until_healthy(gateway, "b0")
+        relayed: list[int] = []  # statuses of the backend's own answers
 
         async def row() -> None:
             answers = await send_many(gateway.url, [chat_body(stream=s) for s in streams])
             assert_none_lost(answers)
             for answer in answers:
+                if answer.why == "no_healthy_backend":
+                    # The backend's Retry-After holds traffic off it: while the hold lasts, the
+                    # gateway answers for it, with a Retry-After no later than the backend's.
+                    assert mode == "429" and answer.status == 503, answer
+                    assert 1 <= int(answer.headers["retry-after"]) <= RETRY_AFTER_S, answer
+                    continue
                 assert (answer.kind, answer.status) == ("error", status), answer
                 assert answer.message, answer  # the backend's own words, not a bare status
                 if status in (429, 503):
@@ -193,10 +208,12 @@ async def test_an_upstream_error_is_relayed_with_its_status_retry_after_and_mess
                 if retry_after is not None:
                     assert answer.headers["retry-after"] == retry_after
                 assert "keep-alive" not in answer.headers  # no hop-by-hop header relayed
+            relayed.extend(a.status for a in answers if a.why != "no_healthy_backend")
             if mode == "500":
                 assert "CUDA error" in answers[0].message, answers[0]
 
         await three_times(gateway, row)
+        assert relayed and set(relayed) == {status}, relayed  # the first got the backend's own
 
 
 @pytest.mark.xfail(strict=True, reason="a stale backend loses every pick to a fresh one with room")

@@ -56,7 +56,8 @@ def judge_json(status: int, headers: Mapping[str, str], body: bytes) -> Answer:
         return Answer("lost", status, headers, f"not JSON: {body[:120]!r}")
     if status == 200:
         ok = isinstance(payload, dict) and "choices" in payload
-        return Answer("ok" if ok else "lost", status, headers, "" if ok else "no choices")
+        return Answer("ok" if ok else "lost", status, headers, "" if ok else "no choices",
+                      headers.get("x-kvgate-backend"))
     if is_openai_error(payload):
         return Answer("error", status, headers, str(payload["error"].get("code")),
                       headers.get("x-kvgate-backend"), payload["error"]["message"])
