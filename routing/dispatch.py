@@ -13,7 +13,8 @@ The cycle for one request (`submit`), each stage its own module:
      routing/admission.py's verdict: admit now | queue | reject 429;
   5. the router (routing/policy.py, composed in routing/policies.py): pure filters, scorers over
      the whole list, one picker, over the cycle state (routing/scheduling/cycle.py);
-  6. a ledger lease of the request's `reserve_blocks` on the chosen backend;
+  6. a ledger lease of the request's `reserve_blocks` on the chosen backend (grown by `grow`
+     when a streaming reply outgrows it);
   7. learning hooks (routing/scheduling/learning.py, and the policy's own): the prefix index,
      the session table, the backend's work record, the prompt-size window, the probes sent.
 Queued requests (`Waiting`) leave the queue through `pump` (dispatched as soon as the head of
@@ -43,7 +44,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Protocol
 
 from routing.admission import (
@@ -141,9 +141,9 @@ class Dispatcher:
 
     def submit(self, job: Job, now: float) -> Dispatch | Waiting | Rejection:
         """Decide for one arriving request: dispatched now, queued, or rejected."""
-        cost = self.cost_model.estimate(job.model, job.prompt, job.max_tokens)
-        if job.prompt_tokens is not None:
-            cost = replace(cost, prompt_tokens=max(1, job.prompt_tokens), exact=True)
+        cost = self.cost_model.estimate(job.model, job.prompt, job.max_tokens,
+                                        min_tokens=job.min_tokens, ignore_eos=job.ignore_eos,
+                                        prompt_tokens=job.prompt_tokens)
         chain = prefix_chain(job.prompt, model=job.model, cache_salt=job.cache_salt,
                              block_chars=self.config.prefix_block_chars)
         facts, admitted = self._survey(job, cost, chain, now, exclude=())
@@ -240,6 +240,30 @@ class Dispatcher:
         self._committed[dispatch.backend_id] -= dispatch.committed_blocks
         for learner in self._learners:
             learner.finished(dispatch, completion)
+
+    def grow(self, dispatch: Dispatch, emitted: int, now: float) -> int | None:
+        """The attempt's reply has emitted `emitted` tokens: when that passes what its lease
+        reserved, re-estimate the rest (`CostModel.reserve_from`) and grow the lease and its
+        committed peak to it. Returns the emitted count at which to call again (None: the
+        reservation already covers the reply's cap, or the attempt is over)."""
+        if dispatch.finished:
+            return None
+        cost = dispatch.cost
+        size = dispatch.block_size
+        held = dispatch.lease.blocks * size - cost.prompt_tokens  # output tokens reserved
+        if emitted >= held:
+            held = self.cost_model.reserve_from(cost, emitted)
+            blocks = -(-(cost.prompt_tokens + held) // size)
+            if blocks > dispatch.lease.blocks:
+                dispatch.lease.set_blocks(blocks)
+            if blocks > dispatch.committed_blocks:
+                backend = dispatch.backend_id
+                self._committed[backend] = (self._committed.get(backend, 0) + blocks
+                                            - dispatch.committed_blocks)
+                dispatch.committed_blocks = blocks
+            held = dispatch.lease.blocks * size - cost.prompt_tokens
+        cap = cost.max_tokens
+        return None if cap is not None and held >= cap else max(emitted + 1, held)
 
     # Reading.
 
