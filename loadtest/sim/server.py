@@ -176,7 +176,7 @@ async def _generate(request: web.Request, state: SimState, kind: Kind, prompt: R
     sim_request = SimRequest(
         request_id=request_id, prompt=prompt.tokens, max_tokens=max_tokens,
         natural_len=max(min_tokens, natural_output_length(prompt.key, state.settings.seed)),
-        ignore_eos=ignore_eos)
+        ignore_eos=ignore_eos or min_tokens >= max_tokens)  # vLLM: then cut at max_tokens
     try:
         live = state.driver.submit(sim_request)
     except ValueError as exc:
