@@ -12,9 +12,12 @@ counts at risk through the whole of that bucket, so the estimate never puts its 
 Fixed buckets, four per octave from 1 to 131,072 tokens; weights decay with every observation (in
 observations, not seconds: nothing here reads a clock), so the estimate follows a drifting
 workload. A lognormal prior worth a few replies, decaying like them, keeps a tail above the
-longest reply seen. The estimate and its prefix sums are recomputed once per batch of
-observations (O(buckets)); quantiles and the moments a request's cost needs are then O(log
-buckets), cached per (max_tokens, min_tokens) until the next observation.
+longest reply seen. The estimate and its prefix sums are recomputed (O(buckets)) at the first read
+after each observation while the histogram is young (`WARM_UP` observations), then at the first
+read after every `REFRESH_EVERY` of them: a lag of a few observations against a half-life of
+hundreds, so that the estimate costs next to nothing per request. Quantiles and the moments a
+request's cost needs are O(log buckets), cached per (max_tokens, min_tokens) until the next
+refresh.
 
 What one request will emit is its natural length bounded by its own cap and floor:
 `clamp(T, min_tokens, max_tokens)`. `stats` gives that variable's quantiles and moments, and
@@ -42,6 +45,8 @@ REPS: tuple[float, ...] = (0.0,) + tuple(
     math.sqrt(EDGES[j] * EDGES[j + 1]) for j in range(1, BUCKETS)
 )
 DEFAULT_RESERVATION_QUANTILE = 0.9
+WARM_UP = 64  # observations during which every one refreshes the estimate
+REFRESH_EVERY = 16  # afterwards, observations per refresh
 
 
 def bucket(tokens: float) -> int:
@@ -68,8 +73,8 @@ class LengthHistogram:
     """A decayed, censoring-aware log histogram of reply lengths in tokens. One per model; not
     thread-safe."""
 
-    __slots__ = ("_ended", "_cut", "_increment", "_decay", "_reserve_q", "_dirty", "_weights",
-                 "_p0", "_p1", "_p2", "_p3", "_stats")
+    __slots__ = ("_ended", "_cut", "_increment", "_decay", "_reserve_q", "_seen", "_pending",
+                 "_weights", "_p0", "_p1", "_p2", "_p3", "_stats")
 
     def __init__(self, *, half_life: float, prior_median: float, prior_weight: float,
                  reservation_quantile: float = DEFAULT_RESERVATION_QUANTILE) -> None:
@@ -89,7 +94,8 @@ class LengthHistogram:
         lower = [0.0, *cdf[:-1]]
         self._ended = [prior_weight * (c - b) for c, b in zip(cdf, lower, strict=True)]
         self._cut = [0.0] * BUCKETS
-        self._dirty = True
+        self._seen = 0  # observations so far
+        self._pending = -1  # observations since the last refresh; -1: never refreshed
         self._weights: list[float] = []  # the estimated distribution, in observation weights
         self._p0: list[float] = []  # _pk[b] = sum over buckets j < b of weight * rep**k
         self._p1: list[float] = []
@@ -114,25 +120,30 @@ class LengthHistogram:
             self._ended = [w * scale for w in self._ended]
             self._cut = [w * scale for w in self._cut]
             self._increment = 1.0
-        self._dirty = True
-        self._stats.clear()
+        self._seen += 1
+        if self._pending >= 0:
+            self._pending += 1
+
+    def _fresh(self) -> None:
+        """Refresh the estimate when one is due (module docstring)."""
+        pending = self._pending
+        if pending < 0 or (pending and (self._seen <= WARM_UP or pending >= REFRESH_EVERY)):
+            self._sums()
 
     def _sums(self) -> None:
-        if not self._dirty:
-            return
         ended, cut = self._ended, self._cut
         at_risk = list(accumulate(reversed([e + c for e, c in zip(ended, cut, strict=True)])))
         at_risk.reverse()  # at_risk[j]: the weight of replies that ended or were cut in j or later
-        total = at_risk[0]
-        weights = [0.0] * BUCKETS
-        surviving = total  # the estimated weight of natural lengths past the buckets so far
-        for j in range(BUCKETS):
-            risk = at_risk[j]
+        weights: list[float] = []
+        append = weights.append
+        surviving = at_risk[0]  # the estimated weight of natural lengths past the buckets so far
+        for e, risk in zip(ended, at_risk, strict=True):
             if risk <= 0.0 or surviving <= 0.0:
                 break
-            share = surviving * ended[j] / risk
-            weights[j] = share
+            share = surviving * e / risk
+            append(share)
             surviving -= share
+        weights += [0.0] * (BUCKETS - len(weights))
         weights[-1] += max(0.0, surviving)  # cut past every ended reply: the top bucket
         self._weights = weights
         w1 = list(map(mul, weights, REPS))
@@ -142,7 +153,8 @@ class LengthHistogram:
         self._p1 = list(accumulate(w1, initial=0.0))
         self._p2 = list(accumulate(w2, initial=0.0))
         self._p3 = list(accumulate(w3, initial=0.0))
-        self._dirty = False
+        self._pending = 0
+        self._stats.clear()
 
     def _cdf(self, tokens: float) -> float:
         """The estimated fraction of natural lengths below `tokens` (log-interpolated)."""
@@ -167,19 +179,20 @@ class LengthHistogram:
 
     def quantile(self, q: float) -> float:
         """The natural length below which a fraction `q` of replies end."""
-        self._sums()
+        self._fresh()
         return self._inverse(q)
 
     def quantile_from(self, q: float, reached: float) -> float:
         """The natural length below which a fraction `q` of the replies that reach `reached`
         tokens end (never below `reached`)."""
-        self._sums()
+        self._fresh()
         below = self._cdf(reached) if reached >= 1.0 else 0.0
         return max(reached, self._inverse(below + q * (1.0 - below)))
 
     def stats(self, max_tokens: int | None, min_tokens: int = 0) -> OutputStats:
         """The figures one request's cost needs, for a reply `clamp(T, min_tokens, max_tokens)`
         (`max_tokens` None: no cap)."""
+        self._fresh()
         key = (max_tokens, min_tokens)
         out = self._stats.get(key)
         if out is None:
@@ -187,7 +200,6 @@ class LengthHistogram:
         return out
 
     def _compute_stats(self, max_tokens: int | None, min_tokens: int) -> OutputStats:
-        self._sums()
         p0, p1, p2, p3 = self._p0, self._p1, self._p2, self._p3
         total, s1 = p0[-1], p1[-1]
         cap = math.inf if max_tokens is None else float(max_tokens)

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from routing.output_length import LengthHistogram
+from routing.output_length import REFRESH_EVERY, WARM_UP, LengthHistogram
 
 
 def hist(ended: list[int] = (), cut: list[int] = (), *,  # type: ignore[assignment]
@@ -126,3 +126,18 @@ def test_a_reservation_quantile_outside_zero_one_is_refused(q: float) -> None:
     with pytest.raises(ValueError, match="quantile"):
         LengthHistogram(half_life=1.0, prior_median=1.0, prior_weight=1.0,
                         reservation_quantile=q)
+
+
+def test_the_estimate_follows_every_reply_while_young_then_every_few() -> None:
+    h = hist(prior_weight=1e-9)
+    for _ in range(WARM_UP):  # young: each reply shows at once
+        before = h.quantile(0.99)
+        h.observe(5000)
+        assert h.quantile(0.99) > before or before >= 4000
+    h = hist(ended=[100] * WARM_UP, prior_weight=1e-9)
+    steady = h.quantile(0.99)
+    shown = []
+    for _ in range(REFRESH_EVERY):
+        h.observe(60_000)
+        shown.append(h.quantile(0.99) != steady)
+    assert shown == [False] * (REFRESH_EVERY - 1) + [True]  # seen within REFRESH_EVERY replies
