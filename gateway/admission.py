@@ -142,6 +142,11 @@ class Gate:
         backend's speed long before the reply ends (`Dispatcher.first_token`)."""
         self.dispatcher.first_token(dispatch, at)
 
+    def grow(self, dispatch: Dispatch, emitted: int) -> int | None:
+        """A stream has emitted `emitted` tokens: grow its reservation if it outgrew it
+        (`Dispatcher.grow`); returns the count at which to call again."""
+        return self.dispatcher.grow(dispatch, emitted, self._clock())
+
     def reroute(self, dispatch: Dispatch) -> Dispatch | None:
         """Finish a failed attempt and place the request on a backend not tried yet, if any."""
         placed = self.dispatcher.reroute(dispatch, self._clock())
@@ -214,7 +219,9 @@ def build_gate(settings: Settings, fleet: Fleet, router: Router,
     at start-up)."""
     routing = settings.routing
     config = dispatch_config(routing, settings.slo, settings.advanced)
-    cost_model = CostModel(tokenizers=load_tokenizers(routing.tokenizers))
+    cost_model = CostModel(tokenizers=load_tokenizers(routing.tokenizers),
+                           reservation_quantile=routing.reservation_quantile,
+                           context_tokens=routing.context_tokens)
     dispatcher = Dispatcher(fleet, router, cost_model, config=config)
     return Gate(dispatcher, clock, tick_s=routing.poll_interval_s)
 

@@ -189,10 +189,21 @@ def job_of(ex: Exchange, asked: Asked, model: str, *, priority_header: str,
     if session is None and isinstance(user, str) and user:
         session = user
     salt = asked.data.get("cache_salt")
+    min_tokens, ignore_eos = length_terms(asked.data)
     return Job(
         request_id=ex.request_id, model=model, prompt=asked.conversation,
         max_tokens=asked.output_cap, prompt_tokens=asked.prompt_tokens,
         priority=priority_of(ex.headers, priority_header), tenant=asked.tenant,
         session=session, cache_salt=salt if isinstance(salt, str) else None,
         stream=asked.stream,
+        min_tokens=min_tokens, ignore_eos=ignore_eos,
     )
+
+
+def length_terms(body: Mapping[str, Any]) -> tuple[int, bool]:
+    """vLLM's `min_tokens` (a positive integer, else 0) and `ignore_eos` (only `true` counts):
+    what bounds the reply's length beside its max_tokens."""
+    floor = body.get("min_tokens")
+    if not isinstance(floor, int) or isinstance(floor, bool) or floor < 0:
+        floor = 0
+    return floor, body.get("ignore_eos") is True

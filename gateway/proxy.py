@@ -29,7 +29,7 @@ from gateway.attempt import CLIENT_CLOSED, ClientGone, Forwarded, Outcome
 from gateway.errors import GatewayError
 from gateway.exchange import Exchange
 from gateway.relay import Relay, Relayed, Retry, UpstreamCall
-from gateway.sse import StreamObserver
+from gateway.sse import StreamObserver, finish_reason_of
 from routing.dispatch import Completion, Dispatch, Job
 from routing.retry_budget import RetryBudget
 
@@ -45,6 +45,7 @@ class Gate(Protocol):
     async def acquire(self, job: Job) -> Dispatch: ...
     def finish(self, dispatch: Dispatch, completion: Completion | None = None) -> None: ...
     def first_token(self, dispatch: Dispatch, at: float) -> None: ...
+    def grow(self, dispatch: Dispatch, emitted: int) -> int | None: ...
     def reroute(self, dispatch: Dispatch) -> Dispatch | None: ...
 
 
@@ -136,7 +137,7 @@ class Proxy:
         returns, on every path; a complete answer's usage and timing go back to the gate."""
         observer = StreamObserver(
             self._clock, lambda at: self._gate.first_token(dispatch, at),
-            strip_usage=call.strip_usage,
+            strip_usage=call.strip_usage, on_tokens=lambda n: self._gate.grow(dispatch, n),
         ) if call.stream else None
         completion: Completion | None = None
         try:
@@ -155,7 +156,8 @@ class Proxy:
                     first_token_at=observer.first_token_at if observer is not None else None,
                     ended_at=self._clock(),
                     text_events=observer.text_events if observer is not None else 0,
-                    choices=call.choices)
+                    choices=call.choices, finish_reason=observer.finish_reason if observer
+                    else finish_reason_of(result.answer))
             return Forwarded(result.response, self._relayed(ex, call, job, dispatch, result,
                                                             observer))
         finally:
@@ -211,7 +213,8 @@ class Proxy:
 
 def completion_of(usage: Mapping[str, Any] | None, *, dispatched_at: float,
                   first_token_at: float | None, ended_at: float,
-                  text_events: int = 0, choices: int = 1) -> Completion:
+                  text_events: int = 0, choices: int = 1,
+                  finish_reason: str | None = None) -> Completion:
     """What a finished request teaches the cost model and the backend's profile. A stream
     without usage (a backend that ignores `stream_options`) is timed over its `text_events`,
     one token each; the cost model learns output lengths only from usage. With `choices` (the
@@ -228,4 +231,4 @@ def completion_of(usage: Mapping[str, Any] | None, *, dispatched_at: float,
     if first_token_at is not None and tokens > 1:
         tpot = (ended_at - first_token_at) / (tokens - 1)
     return Completion(prompt_tokens=prompt, completion_tokens=output, ttft_s=ttft, tpot_s=tpot,
-                      duration_s=ended_at - dispatched_at)
+                      duration_s=ended_at - dispatched_at, finish_reason=finish_reason)

@@ -68,6 +68,16 @@ class RoutingSettings(_Section):
     high_water: float = Field(
         default=0.9, gt=0, le=1,
         description="The fraction of a backend's KV blocks a request's peak may fill.")
+    reservation_quantile: float = Field(
+        default=0.9, gt=0, lt=1,
+        description="A request's KV reservation holds its reply's length at this quantile of "
+        "the model's learned reply lengths (bounded by its max_tokens; exactly max_tokens with "
+        "ignore_eos), re-estimated as a stream outgrows it: higher queues more in the gateway, "
+        "lower lets more backends preempt.")
+    context_tokens: int = Field(
+        default=8192, ge=1,
+        description="A backend's context length (max_model_len): a request without max_tokens "
+        "may run to it, less its prompt.")
     offload_long_prompts: bool = Field(
         default=True,
         description="cost policy: a prompt much longer than the recent ones goes to a slower "

@@ -16,7 +16,7 @@ from what is relayed, so the client gets the stream it asked for.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -46,16 +46,22 @@ class StreamObserver:
     """Relays one SSE stream and remembers what the gateway must know about it."""
 
     __slots__ = ("_carry", "_clock", "_on_first_token", "_strip_usage", "_blank_owed",
-                 "first_token_at", "text_events", "finish_reason", "usage", "error", "done")
+                 "_on_tokens", "_next_tokens", "first_token_at", "text_events", "finish_reason",
+                 "usage", "error", "done")
 
     def __init__(self, clock: Callable[[], float],
                  on_first_token: Callable[[float], None] | None = None, *,
-                 strip_usage: bool = False) -> None:
+                 strip_usage: bool = False,
+                 on_tokens: Callable[[int], int | None] | None = None) -> None:
         self._carry = b""
         self._clock = clock
         self._on_first_token = on_first_token  # called once, with first_token_at
         self._strip_usage = strip_usage  # drop usage-only events (the client did not ask)
         self._blank_owed = False  # a dropped event's closing blank line is still to come
+        # Called with text_events once they reach _next_tokens; returns the next such count
+        # (None: never again). The reservation's re-estimate as a reply streams.
+        self._on_tokens = on_tokens
+        self._next_tokens: int | None = 1 if on_tokens is not None else None
         self.first_token_at: float | None = None  # clock() when the first text token arrived
         self.text_events = 0  # events carrying generated text: one token each on vLLM's defaults
         self.finish_reason: str | None = None  # the last non-null finish_reason seen
@@ -88,6 +94,9 @@ class StreamObserver:
                 self.first_token_at = self._clock()
                 if self._on_first_token is not None:
                     self._on_first_token(self.first_token_at)
+            if self._next_tokens is not None and self.text_events >= self._next_tokens:
+                assert self._on_tokens is not None
+                self._next_tokens = self._on_tokens(self.text_events)
         for key in _FINISH_KEYS:
             if key in chunk:
                 self._read_finish_reason(chunk, key)
@@ -186,3 +195,11 @@ def _data_json(line: bytes) -> object:
         return orjson.loads(line[5:])
     except orjson.JSONDecodeError:
         return None
+
+
+def finish_reason_of(answer: Mapping[str, Any] | None) -> str | None:
+    """A whole (non-streamed) answer's first choice's finish_reason, if it has one."""
+    choices = answer.get("choices") if answer else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    reason = first.get("finish_reason") if isinstance(first, Mapping) else None
+    return reason if isinstance(reason, str) else None

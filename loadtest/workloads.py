@@ -18,6 +18,10 @@ Kinds (token figures are message contents, before the chat template):
 - agents: bursts of 4 to 12 calls, 0.25 s apart on average, each re-reading the agent's long
   context (3,000 to 6,000 tokens) plus a fresh tool result, with tiny outputs.
 - mixed: requests 40% chat, 20% shared-prefix, 20% multi-turn, 10% rag-long, 10% agents.
+- ignore-eos: chat prompts whose replies run to their max_tokens (log-normal, median 300,
+  16 to 2048), sent with vLLM's `ignore_eos`: benchmarks and load generators do this.
+- heavy-tail: chat prompts with heavy-tailed natural replies (log-normal, median 120, sigma 1.5,
+  so one in ten runs past 800 tokens and one in a hundred past 3,900), capped at max_tokens 4096.
 
 Text is synthetic but exact, and cheap to make: a message is a few unique "tag" words followed by
 a window of a fixed filler text made of one-token words, so its token ids (under the simulator's
@@ -139,6 +143,7 @@ class WorkItem:
     prefix_group: str | None  # requests that share a long prefix: a group, conversation, agent
     conversation: str | None = None  # the session key of a conversation's or agent's requests
     session: int = 0  # the session's number in its stream
+    ignore_eos: bool = False  # sent with vLLM's ignore_eos: the reply runs to max_tokens
 
     def messages(self) -> list[tuple[str, str]]:
         """(role, content) pairs, as a client sends them."""
@@ -218,27 +223,48 @@ class _Ctx:
         return segment(role, self.tags.unique(), self.rng.randrange(FILLER_WORDS), tokens)
 
     def item(self, at: float, kind: str, segments: Sequence[Segment], natural: int, cap: int,
-             group: str | None, conversation: str | None = None) -> WorkItem | None:
+             group: str | None, conversation: str | None = None, *,
+             ignore_eos: bool = False) -> WorkItem | None:
         """A request, its cap cut to the context left; None when too little is left."""
         room = self.limits.max_context - prompt_tokens(segments)
         max_tokens = min(cap, room)
         if max_tokens < _MIN_MAX_TOKENS:
             return None
-        return WorkItem(at, kind, tuple(segments), max(1, min(natural, max_tokens)), max_tokens,
-                        group, conversation, self.session)
+        output = max_tokens if ignore_eos else max(1, min(natural, max_tokens))
+        return WorkItem(at, kind, tuple(segments), output, max_tokens, group, conversation,
+                        self.session, ignore_eos)
 
 
 SessionFn = Callable[[_Ctx], list[WorkItem]]
 
 
 def _chat(ctx: _Ctx) -> list[WorkItem]:
+    segments = _chat_prompt(ctx)
+    item = ctx.item(0.0, "chat", segments, _lognormal(ctx.rng, 200, 0.9, 1, 4096), 1024, None)
+    return [item] if item is not None else []
+
+
+def _chat_prompt(ctx: _Ctx) -> list[Segment]:
     rng = ctx.rng
     segments: list[Segment] = []
     if rng.random() < 0.5:
         k = rng.randrange(4)
         segments.append(segment(SYSTEM, shared_tag("c", k), shared_offset("c", k), 60))
     segments.append(ctx.unique(USER, _lognormal(rng, 220, 1.0, 8, 4000)))
-    item = ctx.item(0.0, "chat", segments, _lognormal(rng, 200, 0.9, 1, 4096), 1024, None)
+    return segments
+
+
+def _ignore_eos(ctx: _Ctx) -> list[WorkItem]:
+    segments = _chat_prompt(ctx)
+    cap = _lognormal(ctx.rng, 300, 0.8, _MIN_MAX_TOKENS, 2048)
+    item = ctx.item(0.0, "ignore-eos", segments, cap, cap, None, ignore_eos=True)
+    return [item] if item is not None else []
+
+
+def _heavy_tail(ctx: _Ctx) -> list[WorkItem]:
+    segments = _chat_prompt(ctx)
+    item = ctx.item(0.0, "heavy-tail", segments, _lognormal(ctx.rng, 120, 1.5, 1, 65_536), 4096,
+                    None)
     return [item] if item is not None else []
 
 
@@ -318,7 +344,8 @@ def workload(name: str, *, limits: Limits | None = None,
     limits = limits or Limits()
     kinds: dict[str, SessionFn] = {
         "chat": _chat, "shared-prefix": shared_prefix or SharedPrefix(), "multi-turn": _multi_turn,
-        "rag-long": _rag_long, "agents": _agents,
+        "rag-long": _rag_long, "agents": _agents, "ignore-eos": _ignore_eos,
+        "heavy-tail": _heavy_tail,
     }
     if name == "mixed":
         shares = {"chat": 0.4, "shared-prefix": 0.2, "multi-turn": 0.2, "rag-long": 0.1,
@@ -329,7 +356,8 @@ def workload(name: str, *, limits: Limits | None = None,
     return Workload(name, ((name, kinds[name], 1.0),), limits)
 
 
-WORKLOADS: tuple[str, ...] = ("chat", "shared-prefix", "multi-turn", "rag-long", "agents", "mixed")
+WORKLOADS: tuple[str, ...] = ("chat", "shared-prefix", "multi-turn", "rag-long", "agents", "mixed",
+                              "ignore-eos", "heavy-tail")
 
 
 class SessionSource:
@@ -421,7 +449,7 @@ def schedule(spec: Workload, *, rate: float, duration_s: float, seed: int,
             if 0.0 <= at < duration_s:
                 items.append(WorkItem(at, item.kind, item.segments, item.output_tokens,
                                       item.max_tokens, item.prefix_group, item.conversation,
-                                      item.session))
+                                      item.session, item.ignore_eos))
         start += next(gaps)
     items.sort(key=lambda item: item.arrival_s)  # stable: ties keep generation order
     return tuple(items)

@@ -3,13 +3,14 @@
 - Prompt tokens come from an injected exact `Tokenizer` when one is configured for the model, else
   from a character count times a tokens-per-character ratio that is calibrated per model, online,
   from the `usage.prompt_tokens` the backends report (chat-template overhead folds into the ratio).
-- Output tokens are a distribution, not a single mean: a per-model, fixed-bucket log histogram
-  (four buckets per octave, 1 to 131,072 tokens) whose weights decay with every new observation,
-  so it follows a drifting workload. It gives quantiles and the moments a routing prediction
-  needs, each in O(log buckets) per request (after one O(buckets) refresh of prefix sums per
-  batch of new observations), and keeps them per max_tokens until the next observation.
+- Output tokens are a distribution, not a single mean: per model, a censoring-aware decayed log
+  histogram of natural reply lengths (routing/output_length.py), from which a request's own reply
+  is its natural length bounded by its `max_tokens` (with none, the context left after its
+  prompt) and floored by its `min_tokens`. With `ignore_eos`, or `min_tokens == max_tokens`, the
+  reply is exactly `max_tokens` long: no distribution.
 - A request's KV footprint at its peak is `ceil((prompt + expected output) / block_size)` blocks;
-  the conservative reservation uses the p90 output instead of the mean.
+  its reservation (what the gateway's ledger holds and admission counts) uses the reply's
+  `reservation_quantile` instead of its mean, and never less than the mean.
 
 Learning is counted in observations, not in seconds, so nothing here needs a clock.
 """
@@ -17,41 +18,22 @@ Learning is counted in observations, not in seconds, so nothing here needs a clo
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import accumulate
-from operator import mul
-from typing import NamedTuple, Protocol
+from typing import Protocol
+
+from routing.output_length import DEFAULT_RESERVATION_QUANTILE, LengthHistogram, OutputStats
 
 DEFAULT_CHARS_PER_TOKEN = 4.0  # English text under BPE tokenizers, and the simulator's rule
 DEFAULT_PROMPT_TOKENS = 512.0  # prior for a model's typical prompt, before any usage is reported
 DEFAULT_OUTPUT_MEDIAN = 256.0  # prior output length median (lognormal, sigma 1) before any reply
-
-_PER_OCTAVE = 4
-_OCTAVES = 17
-# Bucket 0 holds empty replies; bucket j >= 1 covers [2**((j-1)/4), 2**(j/4)). Lengths past the top
-# edge count in the last bucket: its representative then understates them, which is acceptable for
-# replies beyond 100k tokens.
-_EDGES: tuple[float, ...] = (0.0,) + tuple(
-    2.0 ** (k / _PER_OCTAVE) for k in range(_OCTAVES * _PER_OCTAVE + 1)
-)
-_BUCKETS = len(_EDGES) - 1
-_REPS: tuple[float, ...] = (0.0,) + tuple(
-    math.sqrt(_EDGES[j] * _EDGES[j + 1]) for j in range(1, _BUCKETS)
-)
-
+DEFAULT_CONTEXT_TOKENS = 8192  # a backend's context length when nothing says otherwise
+LENGTH = "length"  # the finish_reason of a reply cut at its max_tokens (or the context's end)
 
 class Tokenizer(Protocol):
     """An exact token counter for one model (e.g. backed by the `tokenizers` package)."""
 
     def count(self, text: str) -> int: ...
-
-
-def _bucket(tokens: float) -> int:
-    if tokens < 1.0:
-        return 0
-    return min(_BUCKETS - 1, 1 + int(math.log2(tokens) * _PER_OCTAVE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +45,7 @@ class RequestCost:
     prompt_tokens: int
     exact: bool  # prompt_tokens came from a tokenizer, not from the character ratio
     tokens_per_char: float  # the model's calibrated ratio when this estimate was made
-    max_tokens: int | None
+    max_tokens: int | None  # the reply's cap: the client's, else the context left (None: none)
     output_p50: int  # quantiles of this request's output, bounded by max_tokens
     output_p90: int
     output_mean: float
@@ -74,21 +56,30 @@ class RequestCost:
     # (this request's p90 output, in decode steps), ignoring releases, and their variance.
     inflight_growth_mean: float
     inflight_growth_var: float
+    # The output's quantile at the reservation quantile (None: output_p90).
+    output_reserve: int | None = None
+    exact_output: bool = False  # ignore_eos, or min_tokens == max_tokens: exactly max_tokens
 
     @property
     def peak_tokens(self) -> int:
         return self.prompt_tokens + math.ceil(self.output_mean)
 
     @property
+    def reserve_output(self) -> int:
+        """The output tokens the reservation holds: its quantile, never below the mean."""
+        quantile = self.output_p90 if self.output_reserve is None else self.output_reserve
+        return max(quantile, math.ceil(self.output_mean))
+
+    @property
     def reserve_tokens(self) -> int:
-        return self.prompt_tokens + max(self.output_p90, math.ceil(self.output_mean))
+        return self.prompt_tokens + self.reserve_output
 
     def peak_blocks(self, block_size: int) -> int:
         """KV blocks held at the expected end of the reply: what the gateway's ledger reserves."""
         return -(-self.peak_tokens // block_size)
 
     def reserve_blocks(self, block_size: int) -> int:
-        """KV blocks held if the reply runs to its p90 length: the conservative figure."""
+        """KV blocks held if the reply runs to its reservation quantile: what the ledger holds."""
         return -(-self.reserve_tokens // block_size)
 
     def prompt_blocks(self, block_size: int) -> int:
@@ -97,130 +88,6 @@ class RequestCost:
     def prefix_tokens(self, chars: int) -> int:
         """Tokens in the first `chars` characters of the prompt (for a cached prefix)."""
         return min(self.prompt_tokens, int(chars * self.tokens_per_char))
-
-
-class OutputStats(NamedTuple):
-    """A reply-length distribution summarised for one request (token counts). A named tuple:
-    one is made per request, and a tuple is built faster than a frozen dataclass."""
-
-    p50: int  # quantiles of min(length, max_tokens)
-    p90: int
-    mean: float  # moments of min(length, max_tokens)
-    var: float
-    mean_all: float  # unbounded mean length
-    growth_mean: float  # see RequestCost.inflight_growth_mean
-    growth_var: float
-
-
-class LengthHistogram:
-    """A decayed log histogram of reply lengths in tokens. One per model; not thread-safe."""
-
-    __slots__ = ("_weights", "_w1", "_w2", "_w3", "_decay", "_increment", "_dirty", "_p0", "_p1",
-                 "_p2", "_p3", "_stats")
-
-    def __init__(self, *, half_life: float, prior_median: float, prior_weight: float) -> None:
-        """`half_life`: observations after which an old one weighs half. The prior is a lognormal
-        (median `prior_median`, sigma 1) worth `prior_weight` observations, decaying like them."""
-        if half_life <= 0 or prior_median <= 0 or prior_weight <= 0:
-            raise ValueError("half_life, prior_median and prior_weight must be > 0")
-        self._decay = 0.5 ** (1.0 / half_life)
-        self._increment = 1.0
-        mu = math.log(prior_median)
-        cdf = [0.5 * math.erfc(-(math.log(e) - mu) / math.sqrt(2.0)) for e in _EDGES[1:]]
-        cdf[-1] = 1.0
-        lower = [0.0, *cdf[:-1]]
-        self._weights = [prior_weight * (c - b) for c, b in zip(cdf, lower, strict=True)]
-        self._w1: list[float] = []  # _wk[j] = weight * rep**k of bucket j, kept up to date
-        self._w2: list[float] = []
-        self._w3: list[float] = []
-        self._moments()
-        self._dirty = True
-        self._p0: list[float] = []  # _pk[b] = sum over buckets j < b of weight * rep**k
-        self._p1: list[float] = []
-        self._p2: list[float] = []
-        self._p3: list[float] = []
-        # `stats` by max_tokens since the last observation: a pure function of the weights.
-        self._stats: dict[int | None, OutputStats] = {}
-
-    def observe(self, tokens: int) -> None:
-        # Decay by growing the weight of each new observation instead of shrinking all the old
-        # ones: every figure read out is a ratio of sums, so only relative weights matter.
-        self._increment /= self._decay
-        j = _bucket(tokens)
-        self._weights[j] += self._increment
-        if self._increment > 1e100:  # renormalise long before floats overflow
-            scale = 1.0 / self._increment
-            self._weights = [w * scale for w in self._weights]
-            self._increment = 1.0
-            self._moments()
-        else:  # only bucket j moved: the same products `_moments` would compute
-            rep = _REPS[j]
-            self._w1[j] = w1 = self._weights[j] * rep
-            self._w2[j] = w2 = w1 * rep
-            self._w3[j] = w2 * rep
-        self._dirty = True
-        self._stats.clear()
-
-    def _moments(self) -> None:
-        self._w1 = list(map(mul, self._weights, _REPS))
-        self._w2 = list(map(mul, self._w1, _REPS))
-        self._w3 = list(map(mul, self._w2, _REPS))
-
-    def _sums(self) -> None:
-        if not self._dirty:
-            return
-        self._p0 = list(accumulate(self._weights, initial=0.0))
-        self._p1 = list(accumulate(self._w1, initial=0.0))
-        self._p2 = list(accumulate(self._w2, initial=0.0))
-        self._p3 = list(accumulate(self._w3, initial=0.0))
-        self._dirty = False
-
-    def quantile(self, q: float) -> float:
-        """The length below which a fraction `q` of replies end (log-interpolated in a bucket)."""
-        self._sums()
-        cum = self._p0
-        target = q * cum[-1]
-        j = min(_BUCKETS - 1, max(0, bisect_left(cum, target, 1) - 1))
-        if j == 0:
-            return 0.0
-        w = cum[j + 1] - cum[j]
-        frac = min(1.0, max(0.0, (target - cum[j]) / w)) if w > 0 else 0.0
-        lo = _EDGES[j]
-        return lo * math.pow(_EDGES[j + 1] / lo, frac)
-
-    def stats(self, max_tokens: int | None) -> OutputStats:
-        """The figures one request's cost needs, for a reply bounded by `max_tokens`."""
-        out = self._stats.get(max_tokens)
-        if out is None:
-            out = self._stats[max_tokens] = self._compute_stats(max_tokens)
-        return out
-
-    def _compute_stats(self, max_tokens: int | None) -> OutputStats:
-        self._sums()
-        p0, p1, p2, p3 = self._p0, self._p1, self._p2, self._p3
-        total, s1 = p0[-1], p1[-1]
-        cap = math.inf if max_tokens is None else float(max_tokens)
-        p50 = math.ceil(min(self.quantile(0.5), cap))
-        p90 = math.ceil(min(self.quantile(0.9), cap))
-        b = bisect_right(_REPS, cap)  # buckets below b end before the cap; the rest hit it
-        if b < _BUCKETS:
-            mean = (p1[b] + cap * (total - p0[b])) / total
-            second = (p2[b] + cap * cap * (total - p0[b])) / total
-        else:
-            mean, second = s1 / total, p2[-1] / total
-        var = max(0.0, second - mean * mean)
-        if s1 <= 0.0:
-            return OutputStats(p50, p90, mean, var, 0.0, 0.0, 0.0)
-        # A sequence seen running at a random instant is length-biased (weight w * m) and uniformly
-        # far into its reply, so its remaining length is R = m * U. Over this reply's horizon of T
-        # decode steps it grows by min(R, T): per bucket m/2 and m^2/3 when m <= T, else
-        # T - T^2/(2m) and T^2 - 2T^3/(3m). Prefix sums make that O(log buckets).
-        t = float(max(p90, math.ceil(mean)))
-        b = bisect_right(_REPS, t)
-        over_w, over_m = total - p0[b], s1 - p1[b]
-        g1 = (0.5 * p2[b] + t * over_m - 0.5 * t * t * over_w) / s1
-        g2 = (p3[b] / 3.0 + t * t * over_m - (2.0 / 3.0) * t * t * t * over_w) / s1
-        return OutputStats(p50, p90, mean, var, s1 / total, g1, max(0.0, g2 - g1 * g1))
 
 
 class _PromptRatio:
@@ -249,17 +116,28 @@ class CostModel:
         output_half_life: float = 500.0,
         output_prior_median: float = DEFAULT_OUTPUT_MEDIAN,
         prior_weight: float = 4.0,
+        reservation_quantile: float = DEFAULT_RESERVATION_QUANTILE,
+        context_tokens: int | None = DEFAULT_CONTEXT_TOKENS,
     ) -> None:
+        """`reservation_quantile`: the quantile of a reply's length its reservation holds;
+        `context_tokens`: the context length a request without max_tokens may run to (None: no
+        cap)."""
         figures = (chars_per_token, prompt_half_life, output_half_life, output_prior_median,
                    prior_weight)
         if not all(f > 0 for f in figures):
             raise ValueError("cost model figures (ratios, half-lives, priors) must be > 0")
+        if not 0.0 < reservation_quantile < 1.0:
+            raise ValueError("the reservation quantile must be in (0, 1)")
+        if context_tokens is not None and context_tokens < 1:
+            raise ValueError("context_tokens must be >= 1 (or None)")
         self._tokenizers = dict(tokenizers or {})
         self._prompt_decay = 0.5 ** (1.0 / prompt_half_life)
         self._chars_per_token = chars_per_token
         self._output_half_life = output_half_life
         self._output_prior_median = output_prior_median
         self._prior_weight = prior_weight
+        self._reservation_quantile = reservation_quantile
+        self._context_tokens = context_tokens
         self._ratios: dict[str, _PromptRatio] = {}
         self._lengths: dict[str, LengthHistogram] = {}
 
@@ -278,7 +156,8 @@ class CostModel:
         if hist is None:
             hist = LengthHistogram(half_life=self._output_half_life,
                                    prior_median=self._output_prior_median,
-                                   prior_weight=self._prior_weight)
+                                   prior_weight=self._prior_weight,
+                                   reservation_quantile=self._reservation_quantile)
             self._lengths[model] = hist
         return hist
 
@@ -287,31 +166,62 @@ class CostModel:
         ratio = self._ratio(model)
         return ratio.tokens / ratio.chars if ratio.chars > 0 else 1.0 / self._chars_per_token
 
-    def estimate(self, model: str, prompt: str, max_tokens: int | None) -> RequestCost:
-        """`prompt` is the text the model reads (for chat, the messages' contents)."""
+    def output_cap(self, max_tokens: int | None, prompt_tokens: int) -> int | None:
+        """The most a reply can emit: its max_tokens, else the context left after its prompt."""
+        if max_tokens is not None:
+            return max_tokens
+        if self._context_tokens is None:
+            return None
+        return max(1, self._context_tokens - prompt_tokens)
+
+    def estimate(self, model: str, prompt: str, max_tokens: int | None, *,
+                 min_tokens: int = 0, ignore_eos: bool = False,
+                 prompt_tokens: int | None = None) -> RequestCost:
+        """`prompt` is the text the model reads (for chat, the messages' contents);
+        `prompt_tokens`: its exact count when the client sent token ids."""
         ratio = self._ratio(model)
         per_char = self.tokens_per_char(model)
         tokenizer = self._tokenizers.get(model)
-        if tokenizer is not None:
-            prompt_tokens, exact = tokenizer.count(prompt), True
+        if prompt_tokens is not None:
+            tokens, exact = max(1, prompt_tokens), True
+        elif tokenizer is not None:
+            tokens, exact = tokenizer.count(prompt), True
         else:
-            prompt_tokens, exact = max(1, math.ceil(len(prompt) * per_char)), False
-        out = self.lengths(model).stats(max_tokens)
+            tokens, exact = max(1, math.ceil(len(prompt) * per_char)), False
+        cap = self.output_cap(max_tokens, tokens)
+        exact_output = cap is not None and (ignore_eos or min_tokens >= cap)
+        floor = cap if exact_output and cap is not None else max(0, min_tokens)
+        out: OutputStats = self.lengths(model).stats(cap, floor)
         return RequestCost(
-            model=model, prompt_chars=len(prompt), prompt_tokens=prompt_tokens, exact=exact,
-            tokens_per_char=per_char, max_tokens=max_tokens, output_p50=out.p50,
+            model=model, prompt_chars=len(prompt), prompt_tokens=tokens, exact=exact,
+            tokens_per_char=per_char, max_tokens=cap, output_p50=out.p50,
             output_p90=out.p90, output_mean=out.mean, output_var=out.var,
             typical_prompt_tokens=ratio.tokens / ratio.count, mean_output_all=out.mean_all,
             inflight_growth_mean=out.growth_mean, inflight_growth_var=out.growth_var,
+            output_reserve=out.reserve, exact_output=exact_output,
         )
 
+    def reserve_from(self, cost: RequestCost, emitted: int) -> int:
+        """The output tokens to reserve for `cost`'s reply once it has emitted `emitted`: the
+        reservation quantile of the replies that run that long, within its cap (at least one
+        token past `emitted` while the cap allows)."""
+        cap = cost.max_tokens
+        if cost.exact_output and cap is not None:
+            return cap
+        ahead = self.lengths(cost.model).quantile_from(self._reservation_quantile, emitted + 1)
+        tokens = max(emitted + 1, math.ceil(ahead))
+        return tokens if cap is None else min(cap, tokens)
+
     def observe(
-        self, cost: RequestCost, *, prompt_tokens: int | None, completion_tokens: int | None
+        self, cost: RequestCost, *, prompt_tokens: int | None, completion_tokens: int | None,
+        finish_reason: str | None = None,
     ) -> None:
         """Learn from a finished request's reported usage (either figure may be missing).
 
-        A reply cut at max_tokens is recorded at its cut length: the distribution is of replies
-        as clients bound them, which is what the next similar request will see.
+        A reply that ended with `finish_reason: length` was cut (at its max_tokens or the
+        context's end): its natural length is at least that, and it is learned as censored
+        there. A reply whose length the request dictated (ignore_eos, min_tokens at the cap)
+        says nothing about natural lengths and is not learned from.
         """
         if prompt_tokens is not None and prompt_tokens >= 0:
             ratio = self._ratio(cost.model)
@@ -319,5 +229,6 @@ class CostModel:
             ratio.chars = ratio.chars * d + cost.prompt_chars
             ratio.tokens = ratio.tokens * d + prompt_tokens
             ratio.count = ratio.count * d + 1.0
-        if completion_tokens is not None and completion_tokens >= 0:
-            self.lengths(cost.model).observe(completion_tokens)
+        if completion_tokens is not None and completion_tokens >= 0 and not cost.exact_output:
+            self.lengths(cost.model).observe(completion_tokens,
+                                             censored=finish_reason == LENGTH)

@@ -13,33 +13,28 @@ The cycle for one request (`submit`), each stage its own module:
      routing/admission.py's verdict: admit now | queue | reject 429;
   5. the router (routing/policy.py, composed in routing/policies.py): pure filters, scorers over
      the whole list, one picker, over the cycle state (routing/scheduling/cycle.py);
-  6. a ledger lease of the request's `reserve_blocks` on the chosen backend;
+  6. a ledger lease of the request's `reserve_blocks` on the chosen backend (grown by `grow`
+     when a streaming reply outgrows it);
   7. learning hooks (routing/scheduling/learning.py, and the policy's own): the prefix index,
      the session table, the backend's work record, the prompt-size window, the probes sent.
-Queued requests (`Waiting`) leave the queue through `pump` (dispatched as soon as the head of
-their model's queue is admissible somewhere; expired with a 503 once they waited longer than the
-queue timeout; refused with a 429 once they waited out `slo_wait_s` for a backend within the SLO)
-or `cancel` (the client went away). The caller calls `pump` whenever capacity may have freed
-(after `finish`, after a scrape) and at `next_deadline(now)`. `finish` releases the lease exactly
-once and runs the completion hooks: the cost model's calibration and output lengths, the
-backend's speed from the reply's TPOT; `first_token` calibrates a backend the gateway has only
-just met.
+Queued requests (`Waiting`) leave through `pump` (dispatched once the head of their model's
+queue is admissible somewhere; 503 past the queue timeout; 429 once they waited out `slo_wait_s`
+for a backend within the SLO) or `cancel` (the client left); the caller pumps whenever capacity
+may have freed and at `next_deadline(now)`. `finish` releases the lease exactly once and runs the
+completion hooks (cost calibration, output lengths, the backend's speed); `first_token`
+calibrates a backend the gateway has only just met.
 
 Rules
-- A request for a model with no backend available (every one unreachable, ejected or held off,
-  routing/outlier.py) is refused at once with 503 `no_healthy_backend` and a Retry-After of when
-  the first is back (at least 1 s); so are the requests queued for it when that happens, without
-  waiting out the queue timeout.
-- With admission off, every policy sees every healthy candidate and nothing queues (pure
-  policies, for comparisons).
+- A model with no backend available (each unreachable, ejected or held off, routing/outlier.py)
+  gets 503 `no_healthy_backend` at once, with a Retry-After of when the first is back (at least
+  1 s); so do the requests queued for it when that happens.
+- With admission off, every policy sees every healthy candidate and nothing queues.
 - A request no backend can take within the TPOT SLO is refused with 429 (`OVER_SLO`) and a
-  Retry-After of when the soonest backend would be back under it (`slo.recovery_s`), at once by
-  default, or after waiting up to `slo_wait_s` (a waiting head holds up every arrival behind it).
-- The head of a model's queue (routing/admission.py) is never overtaken, so a large request is
-  not starved by smaller ones behind it.
+  Retry-After of when the soonest backend would be back under it (`slo.recovery_s`), at once or
+  after waiting up to `slo_wait_s`. The head of a model's queue is never overtaken, so a large
+  request is not starved by smaller ones behind it.
 
-The values it takes and returns (Job, Completion, Dispatch, Waiting, Rejection, Pumped, the
-decision reasons) live in routing/jobs.py and are re-exported here.
+The values it takes and returns live in routing/jobs.py and are re-exported here.
 """
 
 from __future__ import annotations
@@ -47,7 +42,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Protocol
 
 from routing.admission import (
@@ -146,9 +140,9 @@ class Dispatcher:
 
     def submit(self, job: Job, now: float) -> Dispatch | Waiting | Rejection:
         """Decide for one arriving request: dispatched now, queued, or rejected."""
-        cost = self.cost_model.estimate(job.model, job.prompt, job.max_tokens)
-        if job.prompt_tokens is not None:
-            cost = replace(cost, prompt_tokens=max(1, job.prompt_tokens), exact=True)
+        cost = self.cost_model.estimate(job.model, job.prompt, job.max_tokens,
+                                        min_tokens=job.min_tokens, ignore_eos=job.ignore_eos,
+                                        prompt_tokens=job.prompt_tokens)
         chain = prefix_chain(job.prompt, model=job.model, cache_salt=job.cache_salt,
                              block_chars=self.config.prefix_block_chars)
         facts, admitted = self._survey(job, cost, chain, now, exclude=())
@@ -251,6 +245,29 @@ class Dispatcher:
         for learner in self._learners:
             learner.finished(dispatch, completion)
 
+    def grow(self, dispatch: Dispatch, emitted: int, now: float) -> int | None:
+        """The reply has emitted `emitted` tokens: past its lease's reservation, re-estimate the
+        rest (`CostModel.reserve_from`) and grow the lease and committed peak to it. Returns the
+        count at which to call again (None: the reservation covers the cap, or it is over)."""
+        if dispatch.finished:
+            return None
+        cost = dispatch.cost
+        size = dispatch.block_size
+        held = dispatch.lease.blocks * size - cost.prompt_tokens  # output tokens reserved
+        if emitted >= held:
+            held = self.cost_model.reserve_from(cost, emitted)
+            blocks = -(-(cost.prompt_tokens + held) // size)
+            if blocks > dispatch.lease.blocks:
+                dispatch.lease.set_blocks(blocks)
+            if blocks > dispatch.committed_blocks:
+                backend = dispatch.backend_id
+                self._committed[backend] = (self._committed.get(backend, 0) + blocks
+                                            - dispatch.committed_blocks)
+                dispatch.committed_blocks = blocks
+            held = dispatch.lease.blocks * size - cost.prompt_tokens
+        cap = cost.max_tokens
+        return None if cap is not None and held >= cap else max(emitted + 1, held)
+
     # Reading.
 
     def next_deadline(self, now: float) -> float | None:
@@ -284,10 +301,9 @@ class Dispatcher:
         return self._models.estimator(backend_id).profile()
 
     def learned_speed(self, backend_id: str) -> tuple[float | None, int]:
-        """The backend's learned speed as a scale on the reference profile's step times (above 1
-        slower), as policies read it: pooled with its class's (routing/speed_pool.py). None
-        until a first token or a reply of its own has been measured: the slow-start guess is
-        not a measurement. And how many replies' TPOTs it has learned from."""
+        """The backend's learned speed scale on the reference profile (above 1 slower), pooled
+        with its class's (routing/speed_pool.py), None before a measurement of its own; and how
+        many replies it has learned from."""
         state = self._models.states.get(backend_id)
         if state is None or not state.estimator.calibrated:
             return None, 0
@@ -366,8 +382,7 @@ class Dispatcher:
 
     def _no_backend(self, job: Job, now: float, wait: float, waiting: Waiting | None,
                     why: str | None = None) -> Rejection:
-        """503 with a Retry-After of when the first of the model's backends is back from an
-        ejection or a hold-off (whole seconds, at least RETRY_AFTER_MIN_S)."""
+        """503, Retry-After when the model's first backend is back (at least RETRY_AFTER_MIN_S)."""
         message = why or f"no healthy backend serves {job.model!r}"
         back = self.fleet.back_in(job.model, now)
         retry = RETRY_AFTER_MIN_S if back is None else max(RETRY_AFTER_MIN_S, math.ceil(back))
@@ -379,9 +394,7 @@ class Dispatcher:
         return Rejection(job, status, code, message, retry_after_s, wait, waiting)
 
 
-__all__ = [
-    "ADMITTED", "CANCELLED", "DEFAULT_TENANT", "NO_BACKEND", "NO_HEALTHY_BACKEND", "OVERSIZED",
-    "OVER_SLO", "QUEUED", "QUEUE_FULL", "QUEUE_TIMEOUT", "RETRY", "TENANT_QUEUE_FULL", "UNCHECKED",
-    "Completion", "Dispatch", "DispatchConfig", "Dispatcher", "FleetLike", "Job", "Pumped",
-    "Rejection", "Waiting",
-]
+__all__ = ["ADMITTED", "CANCELLED", "DEFAULT_TENANT", "NO_BACKEND", "NO_HEALTHY_BACKEND",
+           "OVERSIZED", "OVER_SLO", "QUEUED", "QUEUE_FULL", "QUEUE_TIMEOUT", "RETRY",
+           "TENANT_QUEUE_FULL", "UNCHECKED", "Completion", "Dispatch", "DispatchConfig",
+           "Dispatcher", "FleetLike", "Job", "Pumped", "Rejection", "Waiting"]

@@ -40,8 +40,10 @@ class Job:
     request_id: str
     model: str
     prompt: str = field(repr=False)
-    max_tokens: int | None = None
+    max_tokens: int | None = None  # max_completion_tokens or max_tokens: the reply's hard cap
     prompt_tokens: int | None = None  # exact, when the client sent token ids
+    min_tokens: int = 0  # vLLM's min_tokens: the reply's floor
+    ignore_eos: bool = False  # vLLM's ignore_eos: the reply runs to its cap
     priority: int = 0  # higher leaves the queue first
     tenant: str = DEFAULT_TENANT
     session: str | None = None
@@ -61,6 +63,7 @@ class Completion:
     ttft_s: float | None = None  # dispatch to first token (the gateway queue excluded)
     tpot_s: float | None = None  # (end - first token) / (output tokens - 1)
     duration_s: float | None = None  # dispatch to the end of the answer
+    finish_reason: str | None = None  # "length": the reply was cut (the cost model's censoring)
 
     def decode_tpot(self, predicted_ttft_s: float) -> float | None:
         """The time per output token: as measured on a stream, else, for an answer that came

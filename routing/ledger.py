@@ -9,8 +9,8 @@ dispatch order).
 
 A `Lease` is the only way in: entering it (`with` or `async with`) is the dispatch, leaving it
 is the completion, on every path, exceptions and cancellation included, exactly once.
-`set_blocks` adjusts the reservation in between (e.g. at the first token, when the backend's
-real prompt usage is known).
+`set_blocks` adjusts the reservation in between (the Dispatcher's `grow`, when a streaming reply
+outgrows what was reserved for it).
 """
 
 from __future__ import annotations

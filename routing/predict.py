@@ -164,7 +164,7 @@ class RequestTerms(NamedTuple):
     """A request's side of the TTFT model, read once per decision from its `RequestCost`."""
 
     prompt_tokens: int
-    peak_tokens: int
+    peak_tokens: int  # its reservation: prompt plus its reply at the reservation quantile
     half_output: float  # half its expected reply: its mean context beyond the prompt
     mean_all: float  # the model's mean reply: how long a running sequence lives
     output_mean: float
@@ -174,7 +174,7 @@ class RequestTerms(NamedTuple):
 
 
 def request_terms(cost: RequestCost) -> RequestTerms:
-    return RequestTerms(cost.prompt_tokens, cost.peak_tokens, 0.5 * cost.output_mean,
+    return RequestTerms(cost.prompt_tokens, cost.reserve_tokens, 0.5 * cost.output_mean,
                         cost.mean_output_all, cost.output_mean, cost.output_var,
                         cost.inflight_growth_mean, cost.inflight_growth_var)
 

@@ -38,7 +38,7 @@ def preset_capacity(preset: Preset, requests: Callable[[], Iterator[WorkItem]], 
                 break
             try:
                 engine.add(SimRequest(f"c{added}", item.prompt_ids(), item.max_tokens,
-                                      item.output_tokens))
+                                      item.output_tokens, ignore_eos=item.ignore_eos))
             except ValueError:
                 continue  # too long for this preset: the fleet would reject it too
             added += 1

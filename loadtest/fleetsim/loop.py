@@ -13,6 +13,9 @@ Events, processed in time order (ties in the order they were scheduled):
 - scrape: replica r reads backend b's state into its Fleet (`snapshot`), every scrape interval,
   backend b offset by b/n of an interval (as the poller staggers them) and each replica at its own
   seeded phase; all replicas scrape every backend at time 0, before traffic (start-up discovery);
+  at the same instant it tells its Dispatcher how far each of its running replies there has got
+  (`Dispatcher.grow`), as the gateway's stream observer does, so a reply that outgrew its
+  reservation grows its lease;
 - deadline: a replica's oldest queued request times out, or its queue head has waited out the
   SLO wait (`Dispatcher.next_deadline`);
 - sample: every `sample_interval_s` of the arrival window, each engine's KV usage, for the load
@@ -92,6 +95,8 @@ class RequestOutcome:
     # route without one still get one: the Dispatcher predicts for every candidate).
     predicted_ttft_s: float = math.nan
     predicted_tpot_s: float = math.nan
+    # The reply needed more KV blocks than its lease reserved at dispatch (before any growth).
+    reservation_missed: bool = False
 
     @property
     def ttft_s(self) -> float:
@@ -190,6 +195,9 @@ class _Run:
         self.first = [math.nan] * n
         self.end = [math.nan] * n
         self.out_tokens = [0] * n
+        self.finish_reason: list[str | None] = [None] * n
+        self.reserved = [0] * n  # the lease's blocks at dispatch
+        self.missed = [False] * n
         self.rejected: list[str | None] = [None] * n
         self.resolved = 0
         self.peak_queue = 0
@@ -265,7 +273,7 @@ class _Run:
         self.index_of[request_id] = i
         job = Job(request_id=request_id, model=self.model,
                   prompt=conversation_text(item.messages()), max_tokens=item.max_tokens,
-                  session=item.conversation, stream=True)
+                  session=item.conversation, stream=True, ignore_eos=item.ignore_eos)
         out = replica.dispatcher.submit(job, now)
         if isinstance(out, Dispatch):
             self.start(replica, out, now)
@@ -288,12 +296,13 @@ class _Run:
             self.predicted[i] = (pred.predicted_ttft_s, pred.predicted_tpot_s)
         try:
             backend.engine.add(SimRequest(dispatch.job.request_id, prompt, item.max_tokens,
-                                          item.output_tokens))
+                                          item.output_tokens, ignore_eos=item.ignore_eos))
         except ValueError:
             replica.dispatcher.finish(dispatch, now, None)
             self.reject(i, TOO_LONG, now)
             return
         self.dispatches[i] = dispatch
+        self.reserved[i] = dispatch.lease.blocks
         self.backend_of[i] = backend.id
         backend.requests += 1
         if not backend.busy:
@@ -327,6 +336,7 @@ class _Run:
                 i = index_of.pop(ev.request_id)
                 self.end[i] = now
                 self.out_tokens[i] = ev.token_index + 1
+                self.finish_reason[i] = ev.finish_reason
                 self.resolved += 1
                 self.last_event = now
                 replica = self.replicas[i % len(self.replicas)]
@@ -342,9 +352,13 @@ class _Run:
         dispatch = self.dispatches.pop(i)
         n = self.out_tokens[i]
         tpot = (self.end[i] - self.first[i]) / (n - 1) if n > 1 else None
+        # The engine holds KV for every token but the last one sampled.
+        needed = -(-(self.prompt_len[i] + n - 1) // dispatch.block_size)
+        self.missed[i] = needed > self.reserved[i]
         replica.dispatcher.finish(dispatch, now, Completion(
             prompt_tokens=self.prompt_len[i], completion_tokens=n,
-            ttft_s=self.first[i] - dispatch.dispatched_at, tpot_s=tpot))
+            ttft_s=self.first[i] - dispatch.dispatched_at, tpot_s=tpot,
+            finish_reason=self.finish_reason[i]))
 
     def pump(self, replica: _Replica, now: float) -> None:
         dispatcher = replica.dispatcher
@@ -375,6 +389,17 @@ class _Run:
     def scrape(self, replica: _Replica, backend: _Backend, now: float) -> None:
         replica.fleet.record_scrape(
             backend.id, snapshot(backend.engine.stats(), model=self.model, taken_at=now))
+        if not backend.requests:
+            return
+        replicas, r = len(self.replicas), replica.index
+        index_of, dispatches = self.index_of, self.dispatches
+        grow = replica.dispatcher.grow
+        for seq in backend.engine.running_sequences():
+            i = index_of.get(seq.request_id)
+            if i is not None and i % replicas == r and seq.decoded:
+                dispatch = dispatches.get(i)
+                if dispatch is not None:
+                    grow(dispatch, seq.decoded, now)
 
     def sample(self, now: float) -> None:
         for b in self.backends:
@@ -392,7 +417,7 @@ class _Run:
                            self.out_tokens[i], self.backend_of[i], self.queue_wait[i],
                            self.first[i] if self.rejected[i] is None else nan,
                            self.end[i] if self.rejected[i] is None else nan, self.rejected[i],
-                           *self.predicted[i])
+                           *self.predicted[i], self.missed[i])
             for i, item in enumerate(self.items))
         backends = []
         for b in self.backends:

@@ -52,6 +52,7 @@ COLUMNS: tuple[tuple[str, str, _Fmt], ...] = (
     ("output_tokens_per_s", "tok/s", _num),
     ("goodput_rps", "goodput", _rate),
     ("preemptions", "preempt", _num),
+    ("reservation_misses", "miss", _num),
     ("prefix_hit_rate", "hit", _pct),
     ("peak_queue", "peak q", _num),
     ("load_imbalance", "imbal", _ratio),
@@ -61,6 +62,7 @@ SPREAD_FIGURES: tuple[tuple[str, str, _Fmt], ...] = (
     ("ttft_p99_s", "TTFT p99", _ms),
     ("goodput_rps", "goodput", _rate),
     ("preemptions", "preempt", _num),
+    ("reservation_misses", "miss", _num),
 )
 
 

@@ -9,6 +9,8 @@ Definitions (all over the requests that arrived in the run's window):
 - output tokens/s: every delivered token over the makespan (start to the last completion).
 - prefix-cache hit rate: prompt tokens served from the engines' prefix caches over prompt tokens
   queried, fleet-wide (vLLM's counters).
+- reservation misses: completed requests whose reply needed more KV blocks than the gateway's
+  lease reserved for it at dispatch (a stream then grows its lease as it goes).
 - load imbalance: the hottest backend's time-averaged KV usage over the fleet's mean (1.0 is even;
   KV usage is a fraction of each backend's own capacity, so it compares unequal backends fairly).
 """
@@ -61,6 +63,7 @@ class Summary:
     output_tokens_per_s: float
     goodput_rps: float
     preemptions: int
+    reservation_misses: int
     prefix_hit_rate: float | None
     peak_queue: int
     load_imbalance: float | None
@@ -113,6 +116,7 @@ def summarize(run: RunOutcome, slo: Slo) -> Summary:
         output_tokens_per_s=tokens / run.makespan_s if run.makespan_s > 0 else 0.0,
         goodput_rps=good / run.duration_s,
         preemptions=sum(b.preemptions for b in run.backends),
+        reservation_misses=sum(1 for r in done if r.reservation_missed),
         prefix_hit_rate=hits / queries if queries else None,
         peak_queue=run.peak_queue,
         load_imbalance=max(usage) / mean_usage if mean_usage > 0 else None,

@@ -63,6 +63,7 @@ class _Body(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens
+    min_tokens: int = Field(default=0, ge=0)  # vLLM extension: no EOS before this many tokens
 
 
 class ContentPart(BaseModel):

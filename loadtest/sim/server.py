@@ -150,7 +150,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     _check_model(state, body.model)
     requested = body.max_completion_tokens or body.max_tokens
     return await _generate(request, state, "chat", render_chat(body.messages), requested,
-                           body.ignore_eos, body.stream,
+                           body.ignore_eos, body.min_tokens, body.stream,
                            body.stream_options is not None and body.stream_options.include_usage)
 
 
@@ -159,7 +159,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     body = parse_body(await request.read(), CompletionRequest)
     _check_model(state, body.model)
     return await _generate(request, state, "text", render_completion(body.prompt),
-                           body.max_tokens, body.ignore_eos, body.stream,
+                           body.max_tokens, body.ignore_eos, body.min_tokens, body.stream,
                            body.stream_options is not None and body.stream_options.include_usage)
 
 
@@ -169,13 +169,14 @@ def _check_model(state: SimState, model: str | None) -> None:
 
 
 async def _generate(request: web.Request, state: SimState, kind: Kind, prompt: RenderedPrompt,
-                    requested_max: int | None, ignore_eos: bool, stream: bool,
-                    include_usage: bool) -> web.StreamResponse:
+                    requested_max: int | None, ignore_eos: bool, min_tokens: int,
+                    stream: bool, include_usage: bool) -> web.StreamResponse:
     max_tokens = resolve_max_tokens(requested_max, len(prompt.tokens), state.preset.max_model_len)
     request_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
     sim_request = SimRequest(
         request_id=request_id, prompt=prompt.tokens, max_tokens=max_tokens,
-        natural_len=natural_output_length(prompt.key, state.settings.seed), ignore_eos=ignore_eos)
+        natural_len=max(min_tokens, natural_output_length(prompt.key, state.settings.seed)),
+        ignore_eos=ignore_eos or min_tokens >= max_tokens)  # vLLM: then cut at max_tokens
     try:
         live = state.driver.submit(sim_request)
     except ValueError as exc:

@@ -4,10 +4,10 @@ admission and the router read them.
 For every candidate: the prefix blocks it likely holds (routing/prefix.py `PrefixIndex`), the
 prompt tokens it would have to prefill, the TTFT prediction and its parts (routing/predict.py:
 KV fit, preemption risk, TPOT before and after, prefill load), the committed peak blocks the
-request would add there (its uncached prompt plus its expected reply; cached prefix blocks are
-shared with whoever cached them) and whether the backend's speed has been read yet. The
-backend's side of the prediction is reused while its state is unchanged
-(routing/scheduling/backends.py). Pure apart from that cache.
+request would add there (its uncached prompt plus its reply at the reservation quantile, as its
+lease reserves it; cached prefix blocks are shared with whoever cached them) and whether the
+backend's speed has been read yet. The backend's side of the prediction is reused while its state
+is unchanged (routing/scheduling/backends.py). Pure apart from that cache.
 """
 
 from __future__ import annotations

@@ -180,4 +180,5 @@ class CostLearner(Moments):
             dispatch.cost,
             prompt_tokens=completion.prompt_tokens if calibrate else None,
             completion_tokens=completion.completion_tokens,
+            finish_reason=completion.finish_reason,
         )
