@@ -6,6 +6,8 @@
 - realtime: depends on wall-clock pacing (simulators at real speed, a request held while another
   waits, timeouts of a fraction of a second to seconds); run apart, one at a time.
 - bench: runs a benchmark end to end.
+- engines: real inference engines (llama.cpp, vLLM's CPU build) that scripts/real-engines.sh
+  builds and caches; skipped unless KVGATE_ENGINES is set (tests/engines/launch.py).
 
 A test's tier is its entry in OVERRIDES (by test name, with or without its parameter id), else
 its module's entry in MODULES, else the first rule of DEFAULTS whose prefix its module's name
@@ -25,7 +27,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-TIERS = ("unit", "loopback", "realtime", "bench")  # registered in pyproject.toml
+TIERS = ("unit", "loopback", "realtime", "bench", "engines")  # registered in pyproject.toml
 
 # Measured: what each module opens and how long it takes.
 MODULES = {
@@ -45,6 +47,8 @@ MODULES = {
     "test_cache_response_cache": "unit",
     "test_cache_store": "loopback",
     "test_deploy_configs": "unit",
+    "test_engines_llamacpp": "engines",
+    "test_engines_vllm": "engines",
     "test_fleetsim_cli": "unit",
     "test_fleetsim_loop": "unit",
     "test_fleetsim_snapshot": "unit",
@@ -79,6 +83,7 @@ MODULES = {
     "test_routing_dispatch": "unit",
     "test_routing_fleet": "unit",
     "test_routing_metrics_fast": "unit",
+    "test_routing_metrics_engines": "unit",
     "test_routing_metrics_fixtures": "unit",
     "test_routing_metrics_group_cache": "unit",
     "test_routing_metrics_prom": "unit",
@@ -198,6 +203,7 @@ OVERRIDES = {
 DEFAULTS = (
     ("test_bench_", "bench"),
     ("test_loadtest_bench", "bench"),
+    ("test_engines_", "engines"),
     ("test_routing_", "unit"),
     ("test_telemetry_", "unit"),
     ("test_fleetsim_", "unit"),
