@@ -37,7 +37,7 @@ LLAMA_PARALLEL=2
 # block count is overridden anyway), the compile caches kept under DIR, no usage reporting.
 vllm_env() {
   export VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 \
-    DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_HOST_IP=127.0.0.1 \
     VLLM_CACHE_ROOT="$DIR/vllm-cache" TORCHINDUCTOR_CACHE_DIR="$DIR/vllm-cache/inductor" \
     TRITON_CACHE_DIR="$DIR/vllm-cache/triton" OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind
 }
@@ -148,7 +148,7 @@ serve_vllm() {
   exec "$VLLM_VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$TINY_LLAMA" \
     --served-model-name "$TINY_LLAMA_NAME" --host 127.0.0.1 --port "$port" \
     --max-model-len "$VLLM_MAX_MODEL_LEN" --num-gpu-blocks-override "$blocks" --block-size 128 \
-    --max-num-seqs 8 --dtype bfloat16 --disable-log-requests --uvicorn-log-level warning
+    --max-num-seqs 8 --dtype bfloat16 --uvicorn-log-level warning
 }
 
 case ${1:-install} in

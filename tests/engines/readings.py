@@ -48,14 +48,20 @@ def vllm_row(series: Series) -> dict[str, Any]:
 
 
 async def llamacpp_row(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
-    """llama.cpp: the capacity is the slots' contexts summed, the used part the processing slots'
-    `n_past`, in tokens; running and waiting are /metrics' processing and deferred counts."""
+    """llama.cpp: the capacity is the slots' contexts summed, in tokens; the used part the
+    processing slots' `n_past` where /slots reports it, else the KV cells in use that /metrics
+    reports (`llamacpp:kv_cache_tokens`, the builds that write no `n_past`); running and
+    waiting are /metrics' processing and deferred counts."""
     series = await scrape(http, url)
     async with http.get(url + "/slots") as resp:
         assert resp.status == 200, resp.status
         slots = orjson.loads(await resp.read())
     total = sum(int(slot["n_ctx"]) for slot in slots)
-    used = sum(int(slot["n_past"]) for slot in slots if slot["is_processing"])
+    busy = [slot for slot in slots if slot["is_processing"]]
+    if all("n_past" in slot for slot in busy):
+        used = sum(int(slot["n_past"]) for slot in busy)
+    else:
+        used = int(value(series, "llamacpp:kv_cache_tokens"))
     return {
         "kv_total_blocks": total,
         "kv_free_blocks": total - used,
