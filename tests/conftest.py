@@ -70,6 +70,7 @@ MODULES = {
     "test_gateway_serve": "loopback",
     "test_gateway_small_model": "loopback",
     "test_gateway_sse": "unit",
+    "test_gateway_sse_fingerprint": "unit",
     "test_gateway_telemetry": "loopback",
     "test_loadtest_benches": "bench",
     "test_loadtest_live_fleet": "bench",

@@ -91,3 +91,13 @@ def agrees(row: Mapping[str, Any], expected: Mapping[str, Any]) -> bool:
         elif got != want:
             return False
     return True
+
+
+def events(stream: bytes) -> list[Any]:
+    """The JSON of every `data:` event of an SSE stream, and "[DONE]" as the string."""
+    out: list[Any] = []
+    for line in stream.splitlines():
+        if line.startswith(b"data: "):
+            data = line[6:]
+            out.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
+    return out
