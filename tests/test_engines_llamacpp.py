@@ -98,5 +98,5 @@ async def test_the_openai_client_streams_through_the_gateway_what_llama_server_s
         engine: Engine, gateway: str) -> None:
     direct = await openai_chunks(engine.url)
     relayed = await openai_chunks(gateway)
-    assert direct and all("system_fingerprint" in chunk for chunk in direct), direct[:2]
+    assert direct and "system_fingerprint" in direct[-1], direct[-1:]
     assert [shape(c) for c in relayed] == [shape(c) for c in direct]

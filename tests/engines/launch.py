@@ -34,7 +34,7 @@ VLLM_BLOCKS = 40  # --num-gpu-blocks-override
 VLLM_BLOCK_SIZE = 128  # vLLM's CPU backend
 VLLM_MAX_MODEL_LEN = 2048
 LLAMACPP_CONTEXT = 4096  # -c, split between the slots
-# Generous: a warm vLLM start takes minutes on a loaded 2-core host, a cold one more.
+# Generous: a vLLM start takes a minute or two on a loaded 2-core host.
 VLLM_START_S = 900.0
 LLAMACPP_START_S = 120.0
 STOP_S = 30.0
