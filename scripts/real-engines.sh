@@ -60,18 +60,37 @@ pip_download() {  # pip_download ARGS...: into DIR/downloads, with the machine's
 }
 
 llama_source() {
-  pip_download --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON"
+  # Only this package as source: with `:all:`, pip builds its build dependencies from source
+  # too just to read its metadata (minutes instead of seconds; the same sdist either way).
+  pip_download --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_PYTHON"
   rm -rf "$DIR/src/llama_cpp_python-$LLAMA_CPP_PYTHON"
   mkdir -p "$DIR/src"
   tar -xzf "$DIR/downloads/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz" -C "$DIR/src"
 }
 
 llama_build() {
-  command -v ninja >/dev/null || "$PY" -m pip install -q ninja
-  local src="$DIR/src/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
-  cmake -S "$src" -B "$DIR/llama-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-    -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >/dev/null
-  cmake --build "$DIR/llama-build" --target llama-server -j "$(nproc)" >/dev/null
+  if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ \
+        ninja-build >/dev/null
+    else
+      echo "real-engines: cmake and g++ are needed to build llama-server" >&2
+      exit 2
+    fi
+  fi
+  local src="$DIR/src/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp" generator=Ninja
+  command -v ninja >/dev/null || generator="Unix Makefiles"
+  rm -rf "$DIR/llama-build"
+  local log="$DIR/llama-build.log"
+  if ! { cmake -S "$src" -B "$DIR/llama-build" -G "$generator" -DCMAKE_BUILD_TYPE=Release \
+      -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF \
+      && cmake --build "$DIR/llama-build" --target llama-server -j "$(nproc)"; } >"$log" 2>&1
+  then
+    tail -30 "$log" >&2
+    echo "real-engines: the llama-server build failed; its log: $log" >&2
+    exit 1
+  fi
   mkdir -p "$DIR/bin"
   cp "$DIR/llama-build/bin/llama-server" "$LLAMA_SERVER"
 }
@@ -106,11 +125,13 @@ tiny_llama() {
 # than in every test that needs it.
 vllm_start_check() {
   local port log="$DIR/vllm-start.log" pid ok=0
-  port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  "$0" serve-vllm "$port" >"$log" 2>&1 &
+  port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
+  "$ROOT/scripts/real-engines.sh" serve-vllm "$port" >"$log" 2>&1 &
   pid=$!
   for _ in $(seq 1 900); do  # up to 15 minutes
-    if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; then ok=1; break; fi
+    if "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' \
+        "http://127.0.0.1:$port/health" >/dev/null 2>&1; then ok=1; break; fi
     kill -0 "$pid" 2>/dev/null || break
     sleep 1
   done
