@@ -5,6 +5,7 @@ Checked on real vLLM 0.32 streams (tests/data), however the bytes are split into
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -12,8 +13,8 @@ import pytest
 
 from gateway.sse import StreamObserver
 from tests.engines.readings import events
-from tests.test_routing_metrics_engines import DATA
 
+DATA = Path(__file__).resolve().parent / "data"
 ASKED = (DATA / "vllm-0.32-chat-stream-usage.sse").read_bytes()  # include_usage: true
 UNASKED = (DATA / "vllm-0.32-chat-stream.sse").read_bytes()  # the same request without it
 
