@@ -11,7 +11,10 @@ error; an error event in vLLM's legacy shape is rewritten into OpenAI's.
 Usage on a stream comes only with `stream_options.include_usage`. The gateway asks for it on every
 stream (gateway/complete.py) because it learns each backend's speed from the time per output
 token; when the client did not ask, `strip_usage` drops the usage-only event (`"choices":[]`)
-from what is relayed, so the client gets the stream it asked for.
+from what is relayed, so the client gets the stream it asked for. vLLM writes the
+`system_fingerprint` on the stream's last event only, which with usage asked for is that usage
+event: the event carrying the last finish_reason is then held back until the next one arrives
+(at once, in practice) and given the dropped event's fingerprint, as the client would have had it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ DONE_EVENT = b"data: [DONE]\n\n"
 _TEXT_KEYS = (b'"content":"', b'"text":"', b'"content": "', b'"text": "')
 _FINISH_KEYS = (b'"finish_reason":"', b'"finish_reason": "')
 _USAGE_KEYS = (b'"usage":{', b'"usage": {')
+_FINGERPRINT_KEY = b'"system_fingerprint"'
 _DONE = b"data: [DONE]"
 _ERROR_KEY = b'"error"'
 _QUOTE = 0x22
@@ -46,8 +50,8 @@ class StreamObserver:
     """Relays one SSE stream and remembers what the gateway must know about it."""
 
     __slots__ = ("_carry", "_clock", "_on_first_token", "_strip_usage", "_blank_owed",
-                 "_on_tokens", "_next_tokens", "first_token_at", "text_events", "finish_reason",
-                 "usage", "error", "done")
+                 "_on_tokens", "_next_tokens", "_held", "_hold_once", "_dropped_fingerprint",
+                 "first_token_at", "text_events", "finish_reason", "usage", "error", "done")
 
     def __init__(self, clock: Callable[[], float],
                  on_first_token: Callable[[float], None] | None = None, *,
@@ -62,6 +66,9 @@ class StreamObserver:
         # (None: never again). The reservation's re-estimate as a reply streams.
         self._on_tokens = on_tokens
         self._next_tokens: int | None = 1 if on_tokens is not None else None
+        self._held = b""  # the finish event, held until the usage event that may follow it
+        self._hold_once = strip_usage  # whether the finish event may still be held
+        self._dropped_fingerprint: str | None = None  # of the usage event dropped just now
         self.first_token_at: float | None = None  # clock() when the first text token arrived
         self.text_events = 0  # events carrying generated text: one token each on vLLM's defaults
         self.finish_reason: str | None = None  # the last non-null finish_reason seen
@@ -107,13 +114,39 @@ class StreamObserver:
             chunk = self._rewrite_errors(chunk)
         if _DONE in chunk:
             self.done = True
+        if self._strip_usage:
+            chunk = self._fingerprinted(chunk)
         return chunk
 
     def finish(self) -> bytes:
-        """At a clean end of the upstream body: the rest of an unterminated last line, if any."""
-        if not self._carry:
-            return b""
-        return self.feed(b"\n\n")
+        """At a clean end of the upstream body: the rest of an unterminated last line, if any,
+        and a held finish event."""
+        if self._carry:
+            return self.feed(b"\n\n")
+        held, self._held = self._held, b""
+        return held
+
+    def _fingerprinted(self, chunk: bytes) -> bytes:
+        """`chunk` after a held finish event, that event given the fingerprint of a usage event
+        dropped from `chunk`; or, while no usage came, `chunk` up to its last finish event, which
+        is held."""
+        fingerprint, self._dropped_fingerprint = self._dropped_fingerprint, None
+        if self._held:
+            if fingerprint is None and b"data:" not in chunk:
+                self._held += chunk  # the held event's closing blank line: no event yet
+                return b""
+            chunk = self._held + chunk
+            self._held = b""
+        if fingerprint is not None:
+            return _with_fingerprint(chunk, fingerprint)
+        if self._hold_once and self.usage is None and not self.done:
+            at = max(chunk.rfind(key) for key in _FINISH_KEYS)
+            if at >= 0:
+                self._hold_once = False
+                start = chunk.rfind(b"\n", 0, at) + 1
+                self._held = chunk[start:]
+                return chunk[:start]
+        return chunk
 
     @property
     def complete(self) -> bool:
@@ -142,6 +175,9 @@ class StreamObserver:
             if isinstance(payload, dict) and isinstance(payload.get("usage"), dict):
                 self.usage = payload["usage"]
                 if self._strip_usage and not payload.get("choices"):
+                    fingerprint = payload.get("system_fingerprint")
+                    if isinstance(fingerprint, str):
+                        self._dropped_fingerprint = fingerprint
                     if chunk.startswith(b"\r\n", end):
                         end += 2
                     elif chunk.startswith(b"\n", end):
@@ -171,6 +207,23 @@ class StreamObserver:
                 lines[i] = b"data: " + orjson.dumps(normalised)
                 changed = True
         return b"\n".join(lines) if changed else chunk
+
+
+def _with_fingerprint(chunk: bytes, fingerprint: str) -> bytes:
+    """`chunk` with `"system_fingerprint"` added to its last finish event's JSON object, unless
+    that event has one already."""
+    at = max(chunk.rfind(key) for key in _FINISH_KEYS)
+    if at < 0:
+        return chunk
+    start = chunk.rfind(b"\n", 0, at) + 1
+    end = chunk.find(b"\n", at)
+    end = len(chunk) if end < 0 else end
+    line = chunk[start:end]
+    close = line.rfind(b"}")
+    if not line.startswith(b"data:") or close < 0 or _FINGERPRINT_KEY in line:
+        return chunk
+    field = b',"system_fingerprint":' + orjson.dumps(fingerprint)
+    return chunk[:start + close] + field + chunk[start + close:]
 
 
 def _count_text(chunk: bytes) -> int:

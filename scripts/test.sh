@@ -41,4 +41,8 @@ tiers "unit or loopback" -n 2 "$@"
 tiers realtime "$@"
 tiers bench "$@"
 tiers faults -n 2 --dist loadfile "$@"  # the fault rows; a module's rows share one worker
+# Real engines (llama.cpp's llama-server, vLLM's CPU build), built once and cached by
+# scripts/real-engines.sh (minutes cold, seconds warm), then the tier that runs against them.
+scripts/real-engines.sh
+KVGATE_ENGINES=${KVGATE_ENGINES_DIR:-$HOME/.cache/kvgate-engines} tiers engines "$@"
 scripts/floor_check.sh  # the oldest dependency versions pyproject.toml allows, in .venv-floor

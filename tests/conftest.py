@@ -8,6 +8,8 @@
 - bench: runs a benchmark end to end.
 - faults: the fault-injection rows (tests/faults/): backends, clients and Redis as subprocesses
   that the rows kill, freeze and flood; minutes, not seconds, so run after the bench tier.
+- engines: real inference engines (llama.cpp, vLLM's CPU build) that scripts/real-engines.sh
+  builds and caches; skipped unless KVGATE_ENGINES is set (tests/engines/launch.py).
 
 A test's tier is its entry in OVERRIDES (by test name, with or without its parameter id), else
 its module's entry in MODULES, else the first rule of DEFAULTS whose prefix its module's name
@@ -27,7 +29,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-TIERS = ("unit", "loopback", "realtime", "bench", "faults")  # registered in pyproject.toml
+TIERS = ("unit", "loopback", "realtime", "bench", "faults", "engines")  # in pyproject.toml
 
 # Measured: what each module opens and how long it takes.
 MODULES = {
@@ -47,6 +49,8 @@ MODULES = {
     "test_cache_response_cache": "unit",
     "test_cache_store": "loopback",
     "test_deploy_configs": "unit",
+    "test_engines_llamacpp": "engines",
+    "test_engines_vllm": "engines",
     "test_fleetsim_cli": "unit",
     "test_fleetsim_loop": "unit",
     "test_fleetsim_reservation": "unit",
@@ -84,6 +88,7 @@ MODULES = {
     "test_gateway_small_model_demo": "loopback",
     "test_gateway_small_model_request": "unit",
     "test_gateway_sse": "unit",
+    "test_gateway_sse_fingerprint": "unit",
     "test_gateway_telemetry": "loopback",
     "test_gateway_upstream_errors": "loopback",
     "test_gateway_upstream_timeouts": "realtime",
@@ -109,6 +114,7 @@ MODULES = {
     "test_routing_speed_fleet": "unit",
     "test_routing_speed_pool": "unit",
     "test_routing_metrics_fast": "unit",
+    "test_routing_metrics_engines": "unit",
     "test_routing_metrics_fixtures": "unit",
     "test_routing_metrics_group_cache": "unit",
     "test_routing_metrics_prom": "unit",
@@ -237,6 +243,7 @@ OVERRIDES = {
 DEFAULTS = (
     ("test_bench_", "bench"),
     ("test_loadtest_bench", "bench"),
+    ("test_engines_", "engines"),
     ("test_routing_", "unit"),
     ("test_telemetry_", "unit"),
     ("test_fleetsim_", "unit"),
