@@ -117,7 +117,18 @@ async def test_the_openai_client_streams_through_the_gateway_what_vllm_sends_it(
     direct = await openai_chunks(engines[0].url)
     relayed = await openai_chunks(gateway)
     assert direct and "system_fingerprint" in direct[-1], direct[-1:]
-    assert [shape(c) for c in relayed] == [shape(c) for c in direct]
+    # vLLM merges tokens into one chunk when its client reads late, so the chunks' boundaries
+    # depend on timing; their shape, the text and the last chunk do not.
+    assert {tuple(sorted(shape(c))) for c in relayed} == {tuple(sorted(shape(c))) for c in direct}
+    assert text_of(relayed) == text_of(direct)
+    last = [(c.get("system_fingerprint"), [ch.get("finish_reason") for ch in c["choices"]])
+            for c in (relayed[-1], direct[-1])]
+    assert last[0] == last[1], last
+
+
+def text_of(chunks: list[dict[str, Any]]) -> str:
+    return "".join(choice.get("delta", {}).get("content") or ""
+                   for chunk in chunks for choice in chunk.get("choices", ()))
 
 
 async def test_a_client_hanging_up_ends_the_request_in_vllm(

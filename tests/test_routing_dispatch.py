@@ -557,3 +557,23 @@ def test_a_backend_too_slow_for_the_slo_alone_is_held_to_twice_its_idle_tpot() -
     for i in range(3):  # short prompts add almost nothing: within 2 x its idle TPOT
         placed(d.submit(job(f"short{i}"), 0.0))
     flood(d, tpot_s=0.09)  # long ones still push it past that
+
+
+def test_a_backend_that_never_reported_its_kv_is_filled_no_further_than_its_peers_hold() -> None:
+    # b answers requests but its metrics never did: the ledger alone knows what it holds, and
+    # it is assumed to hold no more than a (b's capacity is a's: 40 blocks of 128 tokens).
+    fleet = Fleet([BackendSpec(b, f"http://127.0.0.1/{b}", ("m",)) for b in ("a", "b")],
+                  max_snapshot_age=100.0)
+    fleet.record_scrape("a", BackendSnapshot(taken_at=0.0, format="vllm", kv_total_blocks=40,
+                                             kv_free_blocks=0, block_size=128, running=3,
+                                             waiting=0))
+    fleet.record_request_success("b", 0.0)
+    d = dispatcher(fleet)
+    long = [Job(f"r{i}", "m", "write a long story", max_tokens=1500, ignore_eos=True)
+            for i in range(6)]
+    outcomes = [d.submit(j, 0.0) for j in long]
+    on_b = [o for o in outcomes if isinstance(o, Dispatch) and o.backend_id == "b"]
+    # 1,500 + prompt tokens is 12 blocks of 128: at most three fit under the 0.9 high-water
+    # mark of 40 (with no reading of its own, admission may hold it to fewer).
+    assert 1 <= len(on_b) <= 3
+    assert all(isinstance(o, Waiting) for o in outcomes if o not in on_b)

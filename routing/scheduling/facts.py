@@ -35,6 +35,16 @@ class Facts(NamedTuple):
     capacities: list[int | None]
 
 
+def _peer_capacity(candidates: list[Candidate]) -> int | None:
+    """The smallest KV capacity (tokens) the candidates report, when one of them has reported
+    nothing yet (a backend whose metrics never answered): else None, and no work."""
+    if all(c.snapshot is not None for c in candidates):
+        return None
+    known = [s.kv_total_blocks * s.block_size for c in candidates
+             if (s := c.snapshot) is not None and s.kv_total_blocks and s.block_size]
+    return min(known) if known else None
+
+
 def cached_tokens(cost: RequestCost, chain: PrefixChain, matched_blocks: int) -> int:
     """The prompt's tokens a backend holding its first `matched_blocks` chain blocks has cached."""
     return cost.prefix_tokens(chain.chars(matched_blocks)) if matched_blocks else 0
@@ -69,6 +79,7 @@ class FactsProducer:
         commits: list[int] = []
         calibrated: list[bool] = []
         capacities: list[int | None] = []
+        peers = _peer_capacity(candidates)
         for c in candidates:
             cid = c.spec.id
             depth = matched.get(cid, 0)
@@ -77,8 +88,10 @@ class FactsProducer:
             st = states.get(cid) or models.state(cid)
             load = st.load
             if (load is None or st.load_candidate is not c or st.load_version != st.work.version
-                    or st.load_now != now or st.load_figures != generation):
-                load = st.load = backend_load(c, st.profile, st.work, now, typical, mean_all)
+                    or st.load_now != now or st.load_figures != generation
+                    or c.snapshot is None):  # its peers' capacity stands in for its own
+                load = st.load = backend_load(c, st.profile, st.work, now, typical, mean_all,
+                                              peers if c.snapshot is None else None)
                 st.load_candidate, st.load_version = c, st.work.version
                 st.load_now, st.load_figures = now, generation
             pred = predict_on(load, terms, cached, high_water)
