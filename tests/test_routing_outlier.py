@@ -175,7 +175,7 @@ def test_requests_queued_for_a_model_get_the_503_when_its_last_backend_goes() ->
     fleet, d = dispatcher("a")
     with fleet.lease("a", 0, 0.0):
         pass
-    held = [d.submit(Job(f"r{i}", "m", "x" * 4000, max_tokens=4000), 1.0) for i in range(40)]
+    held = [d.submit(Job(f"r{i}", "m", "x" * 2000, max_tokens=400), 1.0) for i in range(40)]
     queued = [w for w in held if isinstance(w, Waiting)]
     assert queued, "the test needs requests in the queue"
     fleet.record_request_failure("a", 2.0, "timeout")
