@@ -24,6 +24,7 @@ from gateway.proxy import Outcome
 from gateway.serve import running_gateway
 from gateway.sse import StreamObserver
 from tests.paths import FIXTURES
+from tests.upstreams import serve_on_loopback
 
 MODEL = "m"
 DEADLINE_S = 5.0
@@ -66,12 +67,7 @@ class Upstream:
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self._runner, self.url = await serve_on_loopback(app)
         return self.url
 
     async def stop(self) -> None:

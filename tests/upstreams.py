@@ -32,6 +32,16 @@ from tests.paths import FIXTURES
 MODEL = "m"
 
 
+async def serve_on_loopback(app: web.Application) -> tuple[web.AppRunner, str]:
+    """`app` served on a free 127.0.0.1 port (handlers cancelled when their client leaves):
+    its runner, to clean up, and its base URL."""
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
+
+
 def chunk(content: str, finish: str | None = None) -> bytes:
     delta = {"content": content}
     event = {"object": "chat.completion.chunk", "model": MODEL,
@@ -67,12 +77,7 @@ class FaultyUpstream:
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self._runner, self.url = await serve_on_loopback(app)
         return self.url
 
     async def stop(self) -> None:
