@@ -199,7 +199,6 @@ async def test_an_upstream_error_is_relayed_with_its_status_retry_after_and_mess
         await three_times(gateway, row)
 
 
-@pytest.mark.xfail(strict=True, reason="a stale backend loses every pick to a fresh one with room")
 @pytest.mark.parametrize("metrics", [
     pytest.param("garbage", id="metrics that do not parse: stale, still routed"),
     pytest.param("404", id="no metrics endpoint: stale, still routed"),

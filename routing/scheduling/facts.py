@@ -5,9 +5,11 @@ For every candidate: the prefix blocks it likely holds (routing/prefix.py `Prefi
 prompt tokens it would have to prefill, the TTFT prediction and its parts (routing/predict.py:
 KV fit, preemption risk, TPOT before and after, prefill load), the committed peak blocks the
 request would add there (its uncached prompt plus its expected reply; cached prefix blocks are
-shared with whoever cached them) and whether the backend's speed has been read yet. The
-backend's side of the prediction is reused while its state is unchanged
-(routing/scheduling/backends.py). Pure apart from that cache.
+shared with whoever cached them) and whether the backend's speed has been read yet. A backend
+whose metrics are stale or missing is predicted as its ledger reads it
+(routing/scheduling/ledger_view.py: what the gateway sent there, plus a penalty, on its own or the
+fleet's typical KV capacity). The backend's side of the prediction is reused while its state is
+unchanged (routing/scheduling/backends.py). Pure apart from that cache.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from routing.cost import RequestCost
 from routing.predict import backend_load, predict_on, request_terms
 from routing.prefix import PrefixChain, PrefixIndex
 from routing.scheduling.backends import BackendModels
+from routing.scheduling.ledger_view import ledger_load, typical_capacity_tokens
 from routing.state import Candidate
 from routing.ttft import Prediction
 
@@ -69,6 +72,8 @@ class FactsProducer:
         commits: list[int] = []
         calibrated: list[bool] = []
         capacities: list[int | None] = []
+        typical_cap: int | None = None
+        typical_known = False  # typical_cap computed: only once a stale candidate needs it
         for c in candidates:
             cid = c.spec.id
             depth = matched.get(cid, 0)
@@ -76,9 +81,20 @@ class FactsProducer:
             cached = min(prompt_tokens, int(depth * block_chars * per_char)) if depth else 0
             st = states.get(cid) or models.state(cid)
             load = st.load
+            stale = c.stale
+            if stale:
+                if not typical_known:
+                    typical_cap, typical_known = typical_capacity_tokens(candidates), True
+                if st.load_typical != typical_cap:
+                    load = None
             if (load is None or st.load_candidate is not c or st.load_version != st.work.version
                     or st.load_now != now or st.load_figures != generation):
-                load = st.load = backend_load(c, st.profile, st.work, now, typical, mean_all)
+                if stale:
+                    load = ledger_load(c, st.profile, st.work, now, typical, mean_all, typical_cap)
+                    st.load_typical = typical_cap
+                else:
+                    load = backend_load(c, st.profile, st.work, now, typical, mean_all)
+                st.load = load
                 st.load_candidate, st.load_version = c, st.work.version
                 st.load_now, st.load_figures = now, generation
             pred = predict_on(load, terms, cached, high_water)

@@ -1,0 +1,115 @@
+"""A backend whose metrics are stale or missing, as the load-based policies see it: routed by the
+gateway's own ledger, preferred less than a fresh backend at equal load, never left idle.
+
+What its last snapshot said is not evidence of what it holds now, but the gateway knows what it
+sent there: `Candidate.inflight` requests, holding about `Candidate.reserved_blocks`. The rule:
+a stale backend is read as a fresh backend holding what the ledger says plus
+`STALE_EXTRA_REQUESTS` more requests (a typical request's blocks each), of its own KV capacity
+when a snapshot or its configuration ever gave one, else of the fleet's typical capacity (the
+median of the fresh candidates'). So at equal load the fresh backend wins, an idle stale backend
+beats a fresh one holding more than the extra, and a stale backend is never read as emptier
+than the gateway's own reservations there plus the extra. Each load-based policy applies it in
+its own terms:
+- cost: the prediction is made on `ledger_load` (that reading as a candidate view, the extra
+  requests decoding there), so the KV rule, the preemption risk and the TTFT all see it;
+- kv_util: `stale_queue_depth` and `stale_kv_free`;
+- least_request, power_of_two: `stale_queue_depth` in place of the in-flight count.
+Without any capacity to read it by, the KV side stays unknown and the extra requests alone set
+it below a fresh backend. Pure: values in, values out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from routing.backend_work import BackendWork
+from routing.predict import BackendLoad, backend_load, lease_block_size
+from routing.state import BackendSnapshot, Candidate
+from routing.ttft import DEFAULT_BLOCK_SIZE, BackendProfile
+
+# Requests a stale backend is taken to hold beyond what the ledger says.
+STALE_EXTRA_REQUESTS = 1
+LEDGER_FORMAT = "ledger"  # the format of the snapshot `ledger_candidate` makes
+
+
+def capacity_tokens(candidate: Candidate) -> int | None:
+    """The backend's KV capacity in tokens as its snapshot or configuration gives it."""
+    snap = candidate.snapshot
+    if snap is not None and snap.kv_total_blocks:
+        return snap.kv_total_blocks * (snap.block_size or DEFAULT_BLOCK_SIZE)
+    return candidate.spec.max_batch_total_tokens
+
+
+def typical_capacity_tokens(candidates: Sequence[Candidate]) -> int | None:
+    """The median KV capacity in tokens of the fresh candidates that report one (the lower of
+    the middle two); None when none does."""
+    sizes = sorted(size for c in candidates if not c.stale
+                   and (size := capacity_tokens(c)) is not None)
+    return sizes[(len(sizes) - 1) // 2] if sizes else None
+
+
+def request_tokens(typical_prompt: float, mean_output_all: float) -> float:
+    """A typical request's KV context in tokens: its prompt and half its reply."""
+    return typical_prompt + 0.5 * mean_output_all
+
+
+def stale_queue_depth(candidate: Candidate) -> float:
+    """The requests a stale backend is taken to hold: the ledger's plus the extra."""
+    return float(candidate.inflight + STALE_EXTRA_REQUESTS)
+
+
+def _blocks(tokens: float, block_size: int) -> int:
+    return math.ceil(tokens / block_size) if tokens > 0.0 else 0
+
+
+def stale_kv_free(candidate: Candidate, typical_tokens: int | None,
+                  per_request_tokens: float) -> float | None:
+    """The free fraction of a stale backend's KV by the ledger (module rule); None when no
+    capacity is known for it."""
+    block_size = lease_block_size(candidate)
+    own = capacity_tokens(candidate)
+    total = own if own is not None else typical_tokens
+    if not total:
+        return None
+    total_blocks = total // block_size
+    if total_blocks <= 0:
+        return 0.0
+    used = (candidate.reserved_blocks
+            + STALE_EXTRA_REQUESTS * _blocks(per_request_tokens, block_size))
+    return max(0.0, 1.0 - used / total_blocks)
+
+
+def ledger_candidate(candidate: Candidate, typical_tokens: int | None,
+                     per_request_tokens: float, extra: int = STALE_EXTRA_REQUESTS) -> Candidate:
+    """A stale backend's view as the ledger reads it (module rule): still stale (so the
+    prediction counts only the ledger), holding its in-flight requests plus `extra` and their
+    blocks, with a snapshot that carries nothing but its capacity (its own, else the fleet's
+    typical) and the block size the ledger counts it in."""
+    block_size = lease_block_size(candidate)
+    snap = candidate.snapshot
+    total_blocks: int | None = None
+    if snap is not None and snap.kv_total_blocks:
+        total_blocks = snap.kv_total_blocks
+    elif not candidate.spec.max_batch_total_tokens and typical_tokens:
+        total_blocks = typical_tokens // block_size or None
+    # A TGI token budget without KV figures keeps reading its budget from the spec.
+    size = None if total_blocks is None and candidate.spec.max_batch_total_tokens else block_size
+    view = BackendSnapshot(taken_at=snap.taken_at if snap is not None else -math.inf,
+                           format=LEDGER_FORMAT, kv_total_blocks=total_blocks, block_size=size)
+    return Candidate(candidate.spec, candidate.healthy, view, True, candidate.inflight + extra,
+                     candidate.reserved_blocks + extra * _blocks(per_request_tokens, block_size))
+
+
+def ledger_load(candidate: Candidate, profile: BackendProfile, work: BackendWork | None,
+                now: float, typical: float, mean_output_all: float,
+                typical_tokens: int | None) -> BackendLoad:
+    """A stale backend's side of the TTFT model (routing/predict.py `backend_load`) on its
+    `ledger_candidate`. The extra requests are read as decoding there (a larger batch, a slower
+    step, their KV held), not as prompts queued ahead: the queue ahead is the ledger's own."""
+    per_request = request_tokens(typical, mean_output_all)
+    load = backend_load(ledger_candidate(candidate, typical_tokens, per_request), profile, work,
+                        now, typical, mean_output_all)
+    held = backend_load(ledger_candidate(candidate, typical_tokens, per_request, 0), profile,
+                        work, now, typical, mean_output_all)
+    return load._replace(queued_tokens=held.queued_tokens, queued_s=held.queued_s)
