@@ -12,7 +12,7 @@ import pytest
 from routing.dispatch import Dispatch, Dispatcher, Job
 from routing.fleet import Fleet
 from routing.policies import PolicyContext, build_router
-from routing.predict import backend_load, predict_on, request_terms
+from routing.predict import backend_load, lease_block_size, predict_on, request_terms
 from routing.scheduling.ledger_view import (
     STALE_EXTRA_REQUESTS,
     ledger_candidate,
@@ -153,14 +153,16 @@ def test_a_stale_backends_free_kv_is_bounded_by_the_ledger(
     pytest.param(stale(), None, None, BLOCK, id="else unknown"),
     pytest.param(stale(budget=50_000), 2000 * BLOCK, 50_000, 1,
                  id="a token budget from its configuration is kept"),
+    pytest.param(stale(snapshot=snap(0.0, total=None, free=None), budget=50_000), 2000 * BLOCK,
+                 50_000, 1, id="a token budget beside a snapshot without KV figures too"),
 ])
 def test_the_ledgers_reading_is_on_its_own_capacity_else_the_fleets(
         candidate: Candidate, typical: int | None, capacity: int | None,
         block_size: int) -> None:
     view = ledger_candidate(candidate, typical, REQUEST_TOKENS)
     load = ledger_load(candidate, PROFILE, None, 0.0, 1000.0, 160.0, typical)
-    assert (load.capacity, load.block_size, load.lease_block_size) == (
-        capacity, block_size, block_size)
+    assert (load.capacity, load.block_size) == (capacity, block_size)
+    assert load.lease_block_size == lease_block_size(candidate)  # the ledger's own blocks
     assert view.stale and view.inflight == STALE_EXTRA_REQUESTS
 
 
@@ -180,8 +182,8 @@ def test_a_stale_backend_is_never_predicted_emptier_than_the_ledger(
 
 def test_the_extra_requests_decode_there_they_queue_no_prompt_ahead() -> None:
     idle = ledger_load(stale(), PROFILE, None, 0.0, 1000.0, 160.0, TOTAL * BLOCK)
-    alone = backend_load(ledger_candidate(stale(), TOTAL * BLOCK, REQUEST_TOKENS, 0), PROFILE,
-                         None, 0.0, 1000.0, 160.0)
+    alone = backend_load(stale(), PROFILE, None, 0.0, 1000.0, 160.0)
     assert idle.queued_tokens == alone.queued_tokens == 0.0
     assert (idle.running, alone.running) == (STALE_EXTRA_REQUESTS, 0)
     assert idle.step_s > alone.step_s and idle.used > alone.used
+    assert idle.source == alone.source  # "no snapshot": the reason says what is known

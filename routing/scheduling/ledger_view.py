@@ -81,9 +81,9 @@ def stale_kv_free(candidate: Candidate, typical_tokens: int | None,
 
 
 def ledger_candidate(candidate: Candidate, typical_tokens: int | None,
-                     per_request_tokens: float, extra: int = STALE_EXTRA_REQUESTS) -> Candidate:
+                     per_request_tokens: float) -> Candidate:
     """A stale backend's view as the ledger reads it (module rule): still stale (so the
-    prediction counts only the ledger), holding its in-flight requests plus `extra` and their
+    prediction counts only the ledger), holding its in-flight requests plus the extra and their
     blocks, with a snapshot that carries nothing but its capacity (its own, else the fleet's
     typical) and the block size the ledger counts it in."""
     block_size = lease_block_size(candidate)
@@ -93,10 +93,16 @@ def ledger_candidate(candidate: Candidate, typical_tokens: int | None,
         total_blocks = snap.kv_total_blocks
     elif not candidate.spec.max_batch_total_tokens and typical_tokens:
         total_blocks = typical_tokens // block_size or None
-    # A TGI token budget without KV figures keeps reading its budget from the spec.
-    size = None if total_blocks is None and candidate.spec.max_batch_total_tokens else block_size
+    # The block size the ledger counts its leases in (`lease_block_size` of the view is the
+    # candidate's): a TGI token budget without KV figures keeps reading it from the spec.
+    size: int | None = block_size
+    if snap is not None and snap.block_size:
+        size = snap.block_size
+    elif total_blocks is None and candidate.spec.max_batch_total_tokens:
+        size = None
     view = BackendSnapshot(taken_at=snap.taken_at if snap is not None else -math.inf,
                            format=LEDGER_FORMAT, kv_total_blocks=total_blocks, block_size=size)
+    extra = STALE_EXTRA_REQUESTS
     return Candidate(candidate.spec, candidate.healthy, view, True, candidate.inflight + extra,
                      candidate.reserved_blocks + extra * _blocks(per_request_tokens, block_size))
 
@@ -106,10 +112,11 @@ def ledger_load(candidate: Candidate, profile: BackendProfile, work: BackendWork
                 typical_tokens: int | None) -> BackendLoad:
     """A stale backend's side of the TTFT model (routing/predict.py `backend_load`) on its
     `ledger_candidate`. The extra requests are read as decoding there (a larger batch, a slower
-    step, their KV held), not as prompts queued ahead: the queue ahead is the ledger's own."""
+    step, their KV held), not as prompts queued ahead: the queue ahead is the ledger's own, as
+    is the source the prediction's reason names (a stale snapshot, or none)."""
     per_request = request_tokens(typical, mean_output_all)
     load = backend_load(ledger_candidate(candidate, typical_tokens, per_request), profile, work,
                         now, typical, mean_output_all)
-    held = backend_load(ledger_candidate(candidate, typical_tokens, per_request, 0), profile,
-                        work, now, typical, mean_output_all)
-    return load._replace(queued_tokens=held.queued_tokens, queued_s=held.queued_s)
+    own = backend_load(candidate, profile, work, now, typical, mean_output_all)
+    return load._replace(source=own.source, queued_tokens=own.queued_tokens,
+                         queued_s=own.queued_s)
