@@ -17,9 +17,9 @@ from routing.scheduling.ledger_view import (
     STALE_EXTRA_REQUESTS,
     ledger_candidate,
     ledger_load,
+    peer_capacity_tokens,
     stale_kv_free,
     stale_queue_depth,
-    typical_capacity_tokens,
 )
 from routing.state import BackendSnapshot, BackendSpec, Candidate
 from tests.test_routing_scorers import PROFILE, cost
@@ -110,17 +110,17 @@ def test_a_stale_backend_is_routed_by_the_ledger_and_preferred_less_at_equal_loa
 # The ledger's reading: what a stale backend is taken to hold.
 
 @pytest.mark.parametrize(("candidates", "expected"), [
-    pytest.param([fresh("a", 1000), fresh("b", 3000), fresh("c", 2000)], 2000 * BLOCK,
-                 id="the median of the fresh backends' capacities"),
-    pytest.param([fresh("a", 1000), fresh("b", 3000)], 1000 * BLOCK,
-                 id="of two, the smaller"),
-    pytest.param([fresh("a", 1000), stale("s", snapshot=snap(0.0, total=9000))], 1000 * BLOCK,
-                 id="a stale backend's capacity is not the fleet's"),
-    pytest.param([fresh("a", None), stale("s")], None, id="no fresh capacity: none"),
+    pytest.param([fresh("a", 3000), fresh("b", 1000), fresh("c", 2000)], 1000 * BLOCK,
+                 id="the smallest capacity reported"),
+    pytest.param([fresh("a", 3000), stale("s", snapshot=snap(0.0, total=500))], 500 * BLOCK,
+                 id="a stale snapshot still says how large its backend is"),
+    pytest.param([fresh("a", 3000), stale("s", budget=4000)], 4000,
+                 id="a configured token budget counts"),
+    pytest.param([fresh("a", None), stale("s")], None, id="no capacity reported: none"),
 ])
-def test_the_typical_capacity_is_the_median_of_the_fresh_backends(
+def test_the_peer_capacity_is_the_smallest_reported(
         candidates: list[Candidate], expected: int | None) -> None:
-    assert typical_capacity_tokens(candidates) == expected
+    assert peer_capacity_tokens(candidates) == expected
 
 
 def test_a_stale_backend_is_taken_to_hold_the_ledgers_requests_plus_the_extra() -> None:
@@ -135,7 +135,7 @@ def test_a_stale_backend_is_taken_to_hold_the_ledgers_requests_plus_the_extra() 
                  1.0 - (100 + EXTRA_BLOCKS) / TOTAL,
                  id="a reading that said full is no longer evidence: the ledger"),
     pytest.param(stale(reserved=600), TOTAL * BLOCK, 1.0 - (600 + EXTRA_BLOCKS) / TOTAL,
-                 id="never scraped: out of the fleet's typical capacity"),
+                 id="never scraped: out of its smallest peer's capacity"),
     pytest.param(stale(reserved=990), TOTAL * BLOCK, 0.0,
                  id="reservations past the capacity: nothing free"),
     pytest.param(stale(reserved=600), None, None, id="no capacity to go by: unknown"),
@@ -149,7 +149,7 @@ def test_a_stale_backends_free_kv_is_bounded_by_the_ledger(
 @pytest.mark.parametrize(("candidate", "typical", "capacity", "block_size"), [
     pytest.param(stale(snapshot=snap(0.0, total=500)), 2000 * BLOCK, 500, BLOCK,
                  id="its own capacity, when a snapshot ever gave one"),
-    pytest.param(stale(), 2000 * BLOCK, 2000, BLOCK, id="else the fleet's typical"),
+    pytest.param(stale(), 2000 * BLOCK, 2000, BLOCK, id="else its smallest peer's"),
     pytest.param(stale(), None, None, BLOCK, id="else unknown"),
     pytest.param(stale(budget=50_000), 2000 * BLOCK, 50_000, 1,
                  id="a token budget from its configuration is kept"),

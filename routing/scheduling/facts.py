@@ -7,8 +7,8 @@ KV fit, preemption risk, TPOT before and after, prefill load), the committed pea
 request would add there (its uncached prompt plus its expected reply; cached prefix blocks are
 shared with whoever cached them) and whether the backend's speed has been read yet. A backend
 whose metrics are stale or missing is predicted as its ledger reads it
-(routing/scheduling/ledger_view.py: what the gateway sent there, plus a penalty, on its own or the
-fleet's typical KV capacity). The backend's side of the prediction is reused while its state is
+(routing/scheduling/ledger_view.py: what the gateway sent there, plus a penalty, on its own or its
+smallest peer's KV capacity). The backend's side of the prediction is reused while its state is
 unchanged (routing/scheduling/backends.py). Pure apart from that cache.
 """
 
@@ -21,7 +21,7 @@ from routing.cost import RequestCost
 from routing.predict import backend_load, predict_on, request_terms
 from routing.prefix import PrefixChain, PrefixIndex
 from routing.scheduling.backends import BackendModels
-from routing.scheduling.ledger_view import ledger_load, typical_capacity_tokens
+from routing.scheduling.ledger_view import ledger_load, peer_capacity_tokens
 from routing.state import Candidate
 from routing.ttft import Prediction
 
@@ -72,8 +72,8 @@ class FactsProducer:
         commits: list[int] = []
         calibrated: list[bool] = []
         capacities: list[int | None] = []
-        typical_cap: int | None = None
-        typical_known = False  # typical_cap computed: only once a stale candidate needs it
+        peer_cap: int | None = None
+        peer_known = False  # peer_cap computed: only once a stale candidate needs it
         for c in candidates:
             cid = c.spec.id
             depth = matched.get(cid, 0)
@@ -83,15 +83,15 @@ class FactsProducer:
             load = st.load
             stale = c.stale
             if stale:
-                if not typical_known:
-                    typical_cap, typical_known = typical_capacity_tokens(candidates), True
-                if st.load_typical != typical_cap:
+                if not peer_known:
+                    peer_cap, peer_known = peer_capacity_tokens(candidates), True
+                if st.load_peers != peer_cap:
                     load = None
             if (load is None or st.load_candidate is not c or st.load_version != st.work.version
                     or st.load_now != now or st.load_figures != generation):
                 if stale:
-                    load = ledger_load(c, st.profile, st.work, now, typical, mean_all, typical_cap)
-                    st.load_typical = typical_cap
+                    load = ledger_load(c, st.profile, st.work, now, typical, mean_all, peer_cap)
+                    st.load_peers = peer_cap
                 else:
                     load = backend_load(c, st.profile, st.work, now, typical, mean_all)
                 st.load = load

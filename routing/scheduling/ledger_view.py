@@ -5,10 +5,11 @@ What its last snapshot said is not evidence of what it holds now, but the gatewa
 sent there: `Candidate.inflight` requests, holding about `Candidate.reserved_blocks`. The rule:
 a stale backend is read as a fresh backend holding what the ledger says plus
 `STALE_EXTRA_REQUESTS` more requests (a typical request's blocks each), of its own KV capacity
-when a snapshot or its configuration ever gave one, else of the fleet's typical capacity (the
-median of the fresh candidates'). So at equal load the fresh backend wins, an idle stale backend
-beats a fresh one holding more than the extra, and a stale backend is never read as emptier
-than the gateway's own reservations there plus the extra. Each load-based policy applies it in
+when a snapshot or its configuration ever gave one, else of its smallest peer's (the smallest
+capacity a candidate reports, so what the ledger sends cannot overfill it unseen). So at equal
+load the fresh backend wins, an idle stale backend beats a fresh one holding more than the
+extra, and a stale backend is never read as emptier than the gateway's own reservations there
+plus the extra. Each load-based policy applies it in
 its own terms:
 - cost: the prediction is made on `ledger_load` (that reading as a candidate view, the extra
   requests decoding there), so the KV rule, the preemption risk and the TTFT all see it;
@@ -41,12 +42,11 @@ def capacity_tokens(candidate: Candidate) -> int | None:
     return candidate.spec.max_batch_total_tokens
 
 
-def typical_capacity_tokens(candidates: Sequence[Candidate]) -> int | None:
-    """The median KV capacity in tokens of the fresh candidates that report one (the lower of
-    the middle two); None when none does."""
-    sizes = sorted(size for c in candidates if not c.stale
-                   and (size := capacity_tokens(c)) is not None)
-    return sizes[(len(sizes) - 1) // 2] if sizes else None
+def peer_capacity_tokens(candidates: Sequence[Candidate]) -> int | None:
+    """The smallest KV capacity in tokens the candidates report (`capacity_tokens`: a stale
+    snapshot's still says how large the backend is); None when none does."""
+    sizes = [size for c in candidates if (size := capacity_tokens(c)) is not None]
+    return min(sizes) if sizes else None
 
 
 def request_tokens(typical_prompt: float, mean_output_all: float) -> float:
@@ -84,8 +84,8 @@ def ledger_candidate(candidate: Candidate, typical_tokens: int | None,
                      per_request_tokens: float) -> Candidate:
     """A stale backend's view as the ledger reads it (module rule): still stale (so the
     prediction counts only the ledger), holding its in-flight requests plus the extra and their
-    blocks, with a snapshot that carries nothing but its capacity (its own, else the fleet's
-    typical) and the block size the ledger counts it in."""
+    blocks, with a snapshot that carries nothing but its capacity (its own, else its smallest
+    peer's) and the block size the ledger counts it in."""
     block_size = lease_block_size(candidate)
     snap = candidate.snapshot
     total_blocks: int | None = None

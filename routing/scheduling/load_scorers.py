@@ -9,7 +9,7 @@
 A backend whose metrics are stale or missing is read by the gateway's ledger, as holding
 `STALE_EXTRA_REQUESTS` more requests than the ledger says (routing/scheduling/ledger_view.py):
 its in-flight count and queue are the ledger's plus those, its free KV the ledger's reservations
-plus theirs out of its own or the fleet's typical capacity (without any capacity to go by,
+plus theirs out of its own or its smallest peer's capacity (without any capacity to go by,
 `UNKNOWN_KV_SCORE` / (1 + those requests)). So a fresh backend is preferred to it at equal
 load, and an idle one beats a fresh one that holds more than the extra. Pure.
 """
@@ -20,10 +20,10 @@ from routing.load import kv_utilization
 from routing.scheduling.cycle import CycleState, routed_queue_depth
 from routing.scheduling.ledger_view import (
     STALE_EXTRA_REQUESTS,
+    peer_capacity_tokens,
     request_tokens,
     stale_kv_free,
     stale_queue_depth,
-    typical_capacity_tokens,
 )
 from routing.state import Candidate
 
@@ -50,11 +50,11 @@ class KvUtilizationScorer:
     def score(self, cycle: CycleState, candidates: list[Candidate]) -> list[float]:
         out: list[float] = []
         typical: int | None = None
-        typical_known = False  # computed once a stale candidate needs it
+        peer_known = False  # computed once a stale candidate needs it
         for c in candidates:
             if c.stale:
-                if not typical_known:
-                    typical, typical_known = typical_capacity_tokens(candidates), True
+                if not peer_known:
+                    typical, peer_known = peer_capacity_tokens(candidates), True
                 cost = cycle.cost
                 free = stale_kv_free(c, typical, request_tokens(cost.typical_prompt_tokens,
                                                                 cost.mean_output_all))
