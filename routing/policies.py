@@ -20,6 +20,11 @@ long prompt to the fastest prefill, loading those backends' steps until their TP
 prefix and session affinity are preferences on top, the former bounded by load so a hot prefix
 never piles onto one saturated backend.
 
+The load-based policies (cost, kv_util, least_request, power_of_two) read a backend whose
+metrics are stale or missing by the gateway's ledger, as holding one request more than the ledger
+says (routing/scheduling/ledger_view.py): preferred less at equal load, never left idle beside a
+busy fresh backend; round_robin and random ignore load, so rotate over it anyway.
+
 Every plugin's thresholds are typed parameters on `PolicyContext` (today's values as defaults);
 the SLO targets are the gateway's one SLO. Callers build a Router with `build_router(name, ctx)`
 and call it, never branching on a policy's name or class.

@@ -71,12 +71,9 @@ class BackendLoad(NamedTuple):
 
 
 def backend_load(candidate: Candidate, profile: BackendProfile, work: BackendWork | None,
-                 now: float, typical: float, mean_output_all: float,
-                 peer_capacity_tokens: int | None = None) -> BackendLoad:
+                 now: float, typical: float, mean_output_all: float) -> BackendLoad:
     """`typical`, `mean_output_all`: the model's typical prompt and unbounded mean reply
-    (`RequestCost.typical_prompt_tokens`, `.mean_output_all`). `peer_capacity_tokens`: for a
-    backend that never reported its KV capacity, the smallest one its peers report (in tokens);
-    it is assumed to hold no more than that, so its ledger cannot overfill it unseen."""
+    (`RequestCost.typical_prompt_tokens`, `.mean_output_all`)."""
     snap = candidate.snapshot
     spec = candidate.spec
     capacity: int | None = None
@@ -87,9 +84,6 @@ def backend_load(candidate: Candidate, profile: BackendProfile, work: BackendWor
         capacity = snap.kv_total_blocks
     elif spec.max_batch_total_tokens:  # TGI: a token budget from its launcher setting
         capacity, block_size = spec.max_batch_total_tokens, 1
-    elif peer_capacity_tokens is not None:  # counted in the blocks its leases are counted in
-        block_size = lease_block_size(candidate)
-        capacity = peer_capacity_tokens // block_size
     last_used: int | None = None
     if snap is not None and capacity is not None:
         if snap.kv_free_blocks is not None:

@@ -137,6 +137,7 @@ MODULES = {
     "test_routing_scorers": "unit",
     "test_routing_scrape_client": "loopback",
     "test_routing_slo": "unit",
+    "test_routing_stale": "unit",
     "test_routing_ttft": "unit",
     "test_sim_engine": "unit",
     "test_sim_exposition": "unit",

@@ -216,7 +216,6 @@ async def test_an_upstream_error_is_relayed_with_its_status_retry_after_and_mess
         assert relayed and set(relayed) == {status}, relayed  # the first got the backend's own
 
 
-@pytest.mark.xfail(strict=True, reason="a stale backend loses every pick to a fresh one with room")
 @pytest.mark.parametrize("metrics", [
     pytest.param("garbage", id="metrics that do not parse: stale, still routed"),
     pytest.param("404", id="no metrics endpoint: stale, still routed"),

@@ -2,7 +2,8 @@
 
 - cycle: the per-request cycle state every stage reads.
 - facts: the data producer (per-candidate predictions, prefix match, committed peaks);
-  backends: what it reads, one learned record per backend.
+  backends: what it reads, one learned record per backend; ledger_view: how a backend whose
+  metrics are stale or missing is read (by the gateway's ledger), for the producer and scorers.
 - admission: which candidates may take the request now (KV rule, SLO admission).
 - filters, offload, probe: the filters (pure; offload and probe learn in their hooks).
 - latency, goodput, affinity, load_scorers: the scorers, each over the whole candidate list.

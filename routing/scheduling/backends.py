@@ -5,7 +5,8 @@ there (`BackendWork`, routing/backend_work.py), and the backend's side of the TT
 (routing/scheduling/learning.py) write it; the data producer (routing/scheduling/facts.py) reads
 it, and reuses a backend's load while the candidate view (a new object whenever its snapshot,
 staleness, health or ledger changes), the profile, the work record's version, the time and the
-model's figures are the same: a backend's side is computed once per state, not per request.
+model's figures are the same (and, for a stale backend, its smallest peer's KV capacity it is
+read on): a backend's side is computed once per state, not per request.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from routing.ttft import BackendProfile
 
 class BackendState:
     __slots__ = ("estimator", "work", "profile", "calibrated", "load", "load_candidate",
-                 "load_version", "load_now", "load_figures")
+                 "load_version", "load_now", "load_figures", "load_peers")
 
     def __init__(self, estimator: ProfileEstimator, work: BackendWork) -> None:
         self.estimator = estimator
@@ -35,6 +36,8 @@ class BackendState:
         self.load_version = -1
         self.load_now = math.nan
         self.load_figures = -1
+        # A stale backend's load is read on its smallest peer's KV capacity (tokens) as well.
+        self.load_peers: int | None = None
 
     def learned(self) -> None:
         """The estimator learned something: its profile and calibration are read again, and the

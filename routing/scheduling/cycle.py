@@ -19,11 +19,19 @@ from types import MappingProxyType
 from routing.cost import RequestCost
 from routing.load import queue_depth
 from routing.prefix import PrefixChain
+from routing.scheduling.ledger_view import stale_queue_depth
 from routing.state import Candidate
 from routing.ttft import Prediction
 
 _NO_PREDICTIONS: Mapping[str, Prediction] = MappingProxyType({})
 _NO_COUNTS: Mapping[str, int] = MappingProxyType({})
+
+
+def routed_queue_depth(candidate: Candidate) -> float:
+    """The queue depth the load policies rank by: `routing.load.queue_depth`, or for a backend
+    whose metrics are stale or missing the ledger's reading of it
+    (routing/scheduling/ledger_view.py `stale_queue_depth`)."""
+    return stale_queue_depth(candidate) if candidate.stale else queue_depth(candidate)
 
 
 class CycleState:
@@ -89,10 +97,10 @@ class CycleState:
         return best
 
     def queue_range(self) -> tuple[float, float]:
-        """The pool's lowest and highest queue depth (`routing.load.queue_depth`)."""
+        """The pool's lowest and highest queue depth (`routed_queue_depth`)."""
         span = self._queue_range
         if span is None:
-            depths = [queue_depth(c) for c in self.pool]
+            depths = [routed_queue_depth(c) for c in self.pool]
             span = self._queue_range = (min(depths), max(depths)) if depths else (0.0, 0.0)
         return span
 

@@ -6,8 +6,10 @@ prompt tokens it would have to prefill, the TTFT prediction and its parts (routi
 KV fit, preemption risk, TPOT before and after, prefill load), the committed peak blocks the
 request would add there (its uncached prompt plus its reply at the reservation quantile, as its
 lease reserves it; cached prefix blocks are shared with whoever cached them) and whether the
-backend's speed has been read yet. The backend's side of the prediction is reused while its state
-is unchanged (routing/scheduling/backends.py). Pure apart from that cache.
+backend's speed has been read yet. A backend whose metrics are stale or missing is predicted as
+its ledger reads it (routing/scheduling/ledger_view.py: what the gateway sent there, plus a
+penalty, on its own or its smallest peer's KV capacity). The backend's side of the prediction is
+reused while its state is unchanged (routing/scheduling/backends.py). Pure apart from that cache.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from routing.cost import RequestCost
 from routing.predict import backend_load, predict_on, request_terms
 from routing.prefix import PrefixChain, PrefixIndex
 from routing.scheduling.backends import BackendModels
+from routing.scheduling.ledger_view import ledger_load, peer_capacity_tokens
 from routing.state import Candidate
 from routing.ttft import Prediction
 
@@ -33,16 +36,6 @@ class Facts(NamedTuple):
     commits: list[int]
     calibrated: list[bool]
     capacities: list[int | None]
-
-
-def _peer_capacity(candidates: list[Candidate]) -> int | None:
-    """The smallest KV capacity (tokens) the candidates report, when one of them has reported
-    nothing yet (a backend whose metrics never answered): else None, and no work."""
-    if all(c.snapshot is not None for c in candidates):
-        return None
-    known = [s.kv_total_blocks * s.block_size for c in candidates
-             if (s := c.snapshot) is not None and s.kv_total_blocks and s.block_size]
-    return min(known) if known else None
 
 
 def cached_tokens(cost: RequestCost, chain: PrefixChain, matched_blocks: int) -> int:
@@ -79,7 +72,8 @@ class FactsProducer:
         commits: list[int] = []
         calibrated: list[bool] = []
         capacities: list[int | None] = []
-        peers = _peer_capacity(candidates)
+        peer_cap: int | None = None
+        peer_known = False  # peer_cap computed: only once a stale candidate needs it
         for c in candidates:
             cid = c.spec.id
             depth = matched.get(cid, 0)
@@ -87,11 +81,20 @@ class FactsProducer:
             cached = min(prompt_tokens, int(depth * block_chars * per_char)) if depth else 0
             st = states.get(cid) or models.state(cid)
             load = st.load
+            stale = c.stale
+            if stale:
+                if not peer_known:
+                    peer_cap, peer_known = peer_capacity_tokens(candidates), True
+                if st.load_peers != peer_cap:
+                    load = None
             if (load is None or st.load_candidate is not c or st.load_version != st.work.version
-                    or st.load_now != now or st.load_figures != generation
-                    or c.snapshot is None):  # its peers' capacity stands in for its own
-                load = st.load = backend_load(c, st.profile, st.work, now, typical, mean_all,
-                                              peers if c.snapshot is None else None)
+                    or st.load_now != now or st.load_figures != generation):
+                if stale:
+                    load = ledger_load(c, st.profile, st.work, now, typical, mean_all, peer_cap)
+                    st.load_peers = peer_cap
+                else:
+                    load = backend_load(c, st.profile, st.work, now, typical, mean_all)
+                st.load = load
                 st.load_candidate, st.load_version = c, st.work.version
                 st.load_now, st.load_figures = now, generation
             pred = predict_on(load, terms, cached, high_water)

@@ -8,9 +8,9 @@
   prompts to the fastest prefill, loading those backends' steps until their TPOT and queue
   rise, so this spreads the prefill load in proportion to each backend's prefill speed.
 - `PreemptionScorer`: one minus the predicted risk that admitting the request drives the
-  backend to preempt; at most `UNKNOWN_RISK_SCORE` for a backend whose metrics are stale or
-  missing, whose risk is a guess from the gateway's ledger (so a fresh backend with room is
-  preferred to it; it stays a candidate).
+  backend to preempt. A backend whose metrics are stale or missing is predicted as its ledger
+  reads it, a penalty included (routing/scheduling/ledger_view.py), so a fresh backend is
+  preferred to it at equal load and an idle one is not left idle.
 A backend without a prediction scores 0. Pure.
 """
 
@@ -46,12 +46,7 @@ class PrefillLoadScorer:
                 for p in cycle.predictions_of(candidates)]
 
 
-UNKNOWN_RISK_SCORE = 0.5
-
-
 class PreemptionScorer:
     def score(self, cycle: CycleState, candidates: list[Candidate]) -> list[float]:
-        return [0.0 if p is None else
-                min(1.0 - p.preemption_risk, UNKNOWN_RISK_SCORE) if c.stale else
-                1.0 - p.preemption_risk
-                for c, p in zip(candidates, cycle.predictions_of(candidates), strict=True)]
+        return [0.0 if p is None else 1.0 - p.preemption_risk
+                for p in cycle.predictions_of(candidates)]
