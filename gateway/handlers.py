@@ -6,6 +6,7 @@ Handlers raise `GatewayError`s; the error middleware turns them into OpenAI bodi
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
@@ -58,7 +59,11 @@ async def ready(request: web.Request) -> web.Response:
     status = 200 if healthy and not draining else 503
     word = "draining" if draining else "ready" if healthy else "unavailable"
     body = {"status": word, "healthy_backends": healthy}
-    return _json(body, status=status)
+    response = _json(body, status=status)
+    if status == 503:  # when to ask again: a backend's ejection or hold ending, else soon
+        back = None if draining else fleet.back_in(None, now)
+        response.headers["Retry-After"] = str(max(1, math.ceil(back or 0.0)))
+    return response
 
 
 async def admin_backends(request: web.Request) -> web.Response:
