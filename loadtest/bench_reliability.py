@@ -168,7 +168,7 @@ async def _hold_open(port: int, head: bytes, drip: bytes, stop: asyncio.Event) -
                     await asyncio.wait_for(stop.wait(), 0.5)
             if not drip:
                 await stop.wait()
-        except OSError:
+        except (OSError, RuntimeError):  # the gateway cut it (uvloop: "the handler is closed")
             pass
         finally:
             writer.close()
@@ -293,8 +293,11 @@ async def recovery(url: str, sims: list[Any], ports: list[int]) -> Table:
     victim = sims[0]
 
     async def routed_around() -> bool:
+        # Out of rotation, or (metrics gone silent, chat frozen too) read as stale, so a fresh
+        # backend is preferred until its own requests time out and eject it.
         out = (await _rows(url))["b0"]
-        gone = not out["healthy"] or out.get("ejected_until") is not None
+        gone = (not out["healthy"] or out.get("ejected_until") is not None
+                or bool(out.get("stale")))
         return gone and await _probe_ok(url)
 
     async def back() -> bool:
@@ -315,9 +318,10 @@ async def recovery(url: str, sims: list[Any], ports: list[int]) -> Table:
         rows.append(["restarted on its port", _ms(restarted)])
     return Table("Recovery: from a backend's fault to the gateway's routing around it or back",
                  ["fault", "recovery ms"], rows,
-                 notes="Routed around: the backend out of rotation in /admin/backends and a "
-                 "request answered 200; back: healthy again. Polled every 20 ms; first-byte "
-                 "timeout 2 s, poll interval 0.1 s. Empty: not within 60 s.")
+                 notes="Routed around: the backend out of rotation (or stale) in "
+                 "/admin/backends and a request answered 200; back: healthy again. Polled "
+                 "every 20 ms; first-byte timeout 2 s, poll interval 0.1 s. Empty: not within "
+                 "60 s.")
 
 
 def _ms(seconds: float | None) -> float | None:
