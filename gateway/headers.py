@@ -2,9 +2,9 @@
 
 `x-request-id`; `openai-processing-ms` (arrival to now); `x-kvgate-cache` (`bypass`, `miss` or
 the tier that answered); `x-kvgate-model-reason` when small-model routing chose; `server-timing`
-with the parts of TTFT known now (gateway/telemetry/timing.py); `x-kvgate-queue-ms` (arrival to
-dispatch) and `x-kvgate-route` (policy, predicted TTFT and its parts, why) once a backend was
-chosen. The admission wait alone is server-timing's `queue` part.
+with the parts of TTFT known now (gateway/telemetry/timing.py); `x-kvgate-queue-ms` (the time
+spent waiting in the gateway's admission queue, server-timing's `queue` part) and
+`x-kvgate-route` (policy, predicted TTFT and its parts, why) once a backend was chosen.
 
 A whole answer gets them when it is complete (`stamp`, from the completion path), so every part
 is there (`ttft`, `total`). A stream's headers leave before its first token: the proxy and the
@@ -39,7 +39,7 @@ def headers_of(ex: Exchange, now: float, route: str | None) -> dict[str, str]:
     value = server_timing(timing)
     if value:
         headers["server-timing"] = value
-    queued = timing.pre_dispatch_s
+    queued = timing.queue_s
     if queued is not None:
         headers["x-kvgate-queue-ms"] = f"{queued * 1000.0:.1f}"
     if route is not None:

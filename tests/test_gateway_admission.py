@@ -251,8 +251,8 @@ async def test_past_the_tpot_slo_a_class_at_or_above_slo_exempt_priority_is_stil
 
 
 def admission_wait_ms(headers: Mapping[str, str]) -> float:
-    """The `queue` part of server-timing: the wait in the admission queue alone (x-kvgate-queue-ms
-    is arrival → dispatch, which also holds parsing and routing)."""
+    """The `queue` part of server-timing: the wait in the admission queue alone, as
+    x-kvgate-queue-ms says it too."""
     parts = dict(p.strip().split(";dur=") for p in headers["server-timing"].split(","))
     return float(parts["queue"])
 

@@ -33,26 +33,26 @@ def queued_miss() -> RequestTiming:
         pytest.param(
             queued_miss(),
             {"queue": 12.3, "cache": 0.4, "route": 0.1, "connect": None, "upstream": 85.0,
-             "ttft": 98.2, "duration": 1098.2, "pre_dispatch": 13.2},
+             "ttft": 98.2, "duration": 1098.2},
             id="queued miss: TTFT counts from arrival and holds the queue",
         ),
         pytest.param(
             RequestTiming(arrival=5.0, dispatch=5.001, connected=5.004, first_byte=5.050, end=5.5),
             {"queue": None, "cache": None, "route": None, "connect": 3.0, "upstream": 46.0,
-             "ttft": 50.0, "duration": 500.0, "pre_dispatch": 1.0},
+             "ttft": 50.0, "duration": 500.0},
             id="with a connect mark, upstream starts at the connection",
         ),
         pytest.param(
             RequestTiming(arrival=1.0, cache_start=1.0, cache_end=1.002, first_byte=1.003,
                           end=1.004),
             {"queue": None, "cache": 2.0, "route": None, "connect": None, "upstream": None,
-             "ttft": 3.0, "duration": 4.0, "pre_dispatch": None},
+             "ttft": 3.0, "duration": 4.0},
             id="cache hit: no upstream part, TTFT still from arrival",
         ),
         pytest.param(
             RequestTiming(arrival=1.0, queue_start=1.001, queue_end=1.501, end=1.502),
             {"queue": 500.0, "cache": None, "route": None, "connect": None, "upstream": None,
-             "ttft": None, "duration": 502.0, "pre_dispatch": None},
+             "ttft": None, "duration": 502.0},
             id="rejected after waiting: a queue figure, no TTFT",
         ),
     ],
@@ -66,7 +66,6 @@ def test_derived_figures(timing: RequestTiming, expected: dict[str, float | None
         "upstream": timing.upstream_s,
         "ttft": timing.ttft_s,
         "duration": timing.duration_s,
-        "pre_dispatch": timing.pre_dispatch_s,
     }
     for name, want in expected.items():
         value = got[name]

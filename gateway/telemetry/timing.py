@@ -11,8 +11,7 @@ included. Its parts, in the order a request meets them, are disjoint:
 
 `upstream` is the backend's own TTFT (its queue and prefill) plus the relay to the client, measured
 from the connection (or from the dispatch when no connect mark was taken). `gateway` is what is
-left: parsing, auth, model selection, cost estimate. The queue is the wait for admission; the
-wider "arrival → dispatch" span is `pre_dispatch_s`.
+left: parsing, auth, model selection, cost estimate. The queue is the wait for admission.
 
 The record is mutable on purpose: each step of the completion path marks its own times as the
 request moves (the cache, the proxy), and the recorder reads it once at the end. Retries before
@@ -64,10 +63,6 @@ class RequestTiming:
     def upstream_s(self) -> float | None:
         start = self.connected if self.connected is not None else self.dispatch
         return _span(start, self.first_byte)
-
-    @property
-    def pre_dispatch_s(self) -> float | None:
-        return _span(self.arrival, self.dispatch)
 
     @property
     def ttft_s(self) -> float | None:
