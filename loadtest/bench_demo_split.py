@@ -83,10 +83,8 @@ async def stream_one(http: aiohttp.ClientSession, url: str, model: str, i: int,
     async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
         if resp.status != 200:
             return None
-        backend = resp.headers.get("x-kvgate-backend")
-        async for _ in resp.content:
-            pass
-        return backend
+        await resp.read()
+        return resp.headers.get("x-kvgate-backend")
 
 
 async def backends(http: aiohttp.ClientSession, url: str) -> list[dict[str, Any]]:

@@ -52,8 +52,7 @@ async def streams(http: aiohttp.ClientSession, url: str, count: int) -> AsyncIte
     async def one() -> None:
         while True:
             async with http.post(url + "/v1/chat/completions", json=body) as resp:
-                async for _ in resp.content.iter_any():
-                    pass
+                await resp.read()
 
     tasks = [asyncio.create_task(one()) for _ in range(count)]
     try:

@@ -156,20 +156,20 @@ async def _hold_open(port: int, head: bytes, drip: bytes, stop: asyncio.Event) -
         except OSError:
             await asyncio.sleep(0.1)
             continue
+        # The gateway may cut it at any write (uvloop: "the handler is closed").
         try:
-            writer.write(head)
-            for byte in drip * 1000:
-                if stop.is_set():
-                    break
-                if drip:
-                    writer.write(bytes([byte]))
-                    await writer.drain()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 0.5)
-            if not drip:
-                await stop.wait()
-        except (OSError, RuntimeError):  # the gateway cut it (uvloop: "the handler is closed")
-            pass
+            with contextlib.suppress(OSError, RuntimeError):
+                writer.write(head)
+                for byte in drip * 1000:
+                    if stop.is_set():
+                        break
+                    if drip:
+                        writer.write(bytes([byte]))
+                        await writer.drain()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 0.5)
+                if not drip:
+                    await stop.wait()
         finally:
             writer.close()
             with contextlib.suppress(OSError):

@@ -84,13 +84,19 @@ async def test_a_backend_killed_during_100_streams_ends_its_streams_with_an_erro
         await three_times(gateway, row)
 
 
+async def to_freeze_beside_a_healthy_one(stack: AsyncExitStack) -> tuple[procs.Proc, procs.Proc]:
+    """Two simulators (b0, the one a row freezes; b1) behind a round-robin gateway."""
+    frozen = await stack.enter_async_context(procs.sim())
+    healthy = await stack.enter_async_context(procs.sim(seed=1))
+    gateway = await stack.enter_async_context(procs.gateway(procs.gateway_config(
+        [frozen, healthy], routing=ROUND_ROBIN, health=FAST_EJECTION)))
+    await until_healthy(gateway, "b0", "b1")
+    return frozen, gateway
+
+
 async def test_a_backend_frozen_before_the_first_byte_costs_one_retry_not_an_error() -> None:
     async with AsyncExitStack() as stack:
-        frozen = await stack.enter_async_context(procs.sim())
-        healthy = await stack.enter_async_context(procs.sim(seed=1))
-        gateway = await stack.enter_async_context(procs.gateway(procs.gateway_config(
-            [frozen, healthy], routing=ROUND_ROBIN, health=FAST_EJECTION)))
-        await until_healthy(gateway, "b0", "b1")
+        frozen, gateway = await to_freeze_beside_a_healthy_one(stack)
 
         async def row() -> None:
             # Waves of 4 at once: each puts 2 on the frozen backend, within the retry budget's
@@ -114,11 +120,7 @@ async def test_a_backend_frozen_before_the_first_byte_costs_one_retry_not_an_err
 
 async def test_a_backend_frozen_mid_stream_ends_its_streams_with_an_error_event() -> None:
     async with AsyncExitStack() as stack:
-        frozen = await stack.enter_async_context(procs.sim())
-        healthy = await stack.enter_async_context(procs.sim(seed=1))
-        gateway = await stack.enter_async_context(procs.gateway(procs.gateway_config(
-            [frozen, healthy], routing=ROUND_ROBIN, health=FAST_EJECTION)))
-        await until_healthy(gateway, "b0", "b1")
+        frozen, gateway = await to_freeze_beside_a_healthy_one(stack)
 
         async def row() -> None:
             fault = asyncio.Event()

@@ -173,8 +173,7 @@ def test_no_backend_left_is_a_503_at_once_with_retry_after(
 
 def test_requests_queued_for_a_model_get_the_503_when_its_last_backend_goes() -> None:
     fleet, d = dispatcher("a")
-    with fleet.lease("a", 0, 0.0):
-        pass
+    fleet.lease("a", 0, 0.0).acquire().release()  # a dispatch there, ended
     held = [d.submit(Job(f"r{i}", "m", "x" * 2000, max_tokens=400), 1.0) for i in range(40)]
     queued = [w for w in held if isinstance(w, Waiting)]
     assert queued, "the test needs requests in the queue"

@@ -11,6 +11,7 @@ its own so that vLLM's engine-core child goes down with it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -94,12 +95,10 @@ def _wait_healthy(engine: Engine, process: subprocess.Popen[bytes], timeout_s: f
         if process.poll() is not None:
             raise AssertionError(f"{engine.url} exited with {process.returncode} before it was"
                                  f" healthy; its log:\n{_tail(engine.log)}")
-        try:
-            with urllib.request.urlopen(engine.url + "/health", timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+        with contextlib.suppress(urllib.error.URLError, OSError), \
+                urllib.request.urlopen(engine.url + "/health", timeout=5) as resp:
+            if resp.status == 200:
+                return
         time.sleep(0.5)
     raise AssertionError(f"{engine.url} not healthy within {timeout_s} s; its log:\n"
                          f"{_tail(engine.log)}")
@@ -110,14 +109,10 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
     if it has not ended within STOP_S."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(STOP_S)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)  # children left behind, if any
-    except (ProcessLookupError, PermissionError):
-        pass
     process.wait()
 
 
