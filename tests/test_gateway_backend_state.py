@@ -26,12 +26,12 @@ DEADLINE_S = 20.0
 
 
 @asynccontextmanager
-async def three_sims(poll_interval_s: float, **routing: Any
+async def three_sims(poll_interval_s: float, *, time_scale: float = 20.0, **routing: Any
                      ) -> AsyncIterator[tuple[str, dict[str, str], aiohttp.ClientSession]]:
     async with AsyncExitStack() as stack:
         urls = {
             name: await stack.enter_async_context(
-                running_sim(num_gpu_blocks=blocks, time_scale=20.0, seed=i))
+                running_sim(num_gpu_blocks=blocks, time_scale=time_scale, seed=i))
             for i, (name, blocks) in enumerate(SIZES.items())
         }
         settings = Settings.model_validate({
@@ -65,7 +65,9 @@ def long_chat(tag: str, prompt_chars: int, max_tokens: int, stream: bool) -> dic
 
 
 async def test_admin_backends_follows_real_occupancy_within_a_poll_interval() -> None:
-    async with three_sims(poll_interval_s=0.05) as (gateway, sims, http):
+    # Simulated time at twice the real pace: the held stream decodes for about 14 s, far longer
+    # than the comparison takes on any host.
+    async with three_sims(poll_interval_s=0.05, time_scale=2.0) as (gateway, sims, http):
         loop = asyncio.get_running_loop()
         end = loop.time() + DEADLINE_S
         while not all(row["healthy"] for row in (await rows(http, gateway)).values()):
