@@ -185,6 +185,13 @@ async def test_two_servers_take_eight_long_ignore_eos_streams_without_a_preempti
     before = [await scrape(http, engine.url) for engine in engines]
     started = time.monotonic()
     async with running_gateway(settings(*engines)) as gateway:
+        # Traffic after the first scrapes: before any, the gateway knows no server's KV size.
+        async def scraped() -> bool:
+            async with http.get(gateway + "/admin/backends") as resp:
+                rows = orjson.loads(await resp.read())["backends"]
+            return all(row["kv_total_blocks"] for row in rows)
+
+        await until(scraped, "both servers' KV sizes read by the gateway", 60.0)
         results = await asyncio.gather(*(run_stream(http, gateway) for _ in range(STREAMS)))
     after = [await scrape(http, engine.url) for engine in engines]
     took = time.monotonic() - started
