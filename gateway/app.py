@@ -169,9 +169,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 def _error_response(exc: GatewayError) -> web.Response:
-    return web.Response(
+    response = web.Response(
         status=exc.status, body=exc.body(), content_type="application/json", headers=exc.headers
     )
+    if exc.closes_connection:
+        response.force_close()
+    return response
 
 
 def _from_http(exc: web.HTTPException, request: web.Request) -> GatewayError:

@@ -27,7 +27,7 @@ from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD
 from aiohttp.web_protocol import RequestPayloadError
 
 from gateway.auth import KeyInfo
-from gateway.errors import BodyTooLarge, InvalidRequest
+from gateway.errors import BodyTooLarge, GatewayError, InvalidRequest
 from gateway.exchange import Asked, Exchange, prompt_of, prompt_text, tenant_of, user_turns
 from gateway.keys import SETTINGS
 from gateway.schemas import Fields, Validator, decode_object
@@ -51,12 +51,17 @@ async def read_body(request: web.Request, max_body_bytes: int) -> bytes:
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise BodyTooLarge(
-            f"the request body is larger than the limit of {max_body_bytes} bytes") from exc
+        refused: GatewayError = BodyTooLarge(
+            f"the request body is larger than the limit of {max_body_bytes} bytes")
+        cause: Exception = exc
     except RequestPayloadError as exc:
         what = "its Content-Encoding" if encoding not in ("", "identity") else "its framing"
-        raise InvalidRequest(f"the request body could not be read: it does not decode as "
-                             f"{what}") from exc
+        refused = InvalidRequest(f"the request body could not be read: it does not decode as "
+                                 f"{what}")
+        cause = exc
+    # The rest of the body is not read, so the connection ends with this answer.
+    refused.closes_connection = True
+    raise refused from cause
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,10 @@ class GatewayError(Exception):
         self.param = param
         # Extra response headers, e.g. Retry-After on a 429; every 503 carries one.
         self.headers = _RETRY_SOON if self.status == 503 else _NO_HEADERS
+        # The request's body was left unread or undecodable, so the connection cannot carry
+        # another request: the answer says `Connection: close` rather than let the client
+        # reuse a connection the server is closing.
+        self.closes_connection = False
 
     def body(self) -> bytes:
         return error_body(self.message, type_=self.type, param=self.param, code=self.code)

@@ -174,6 +174,8 @@ OVERRIDES = {
     "test_cache_store::test_memory_forgets_expired_and_evicted_entries_whole": "unit",
     "test_cache_store::test_memory_refuses_bad_limits": "unit",
     "test_cache_store::test_redis_refuses_bad_limits": "unit",
+    # matplotlib builds its font cache on a fresh machine by running fc-list.
+    "test_fleetsim_cli::test_plot_writes_a_png_or_names_the_missing_extra": "loopback",
     "test_fleetsim_cli::test_results_do_not_depend_on_the_process_hash_seed": "loopback",
     "test_gateway_admission::test_tenant": "unit",
     "test_gateway_admission::test_two_keys_are_two_tenants_and_one_key_is_one": "unit",

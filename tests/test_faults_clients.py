@@ -184,6 +184,11 @@ async def test_a_30_mb_valid_body_is_answered_while_20_streams_run() -> None:
         await three_times(gateway, row, rss_slack_kib=3 * len(big) // 1024)
 
 
+async def ready_is_503(url: str) -> bool:
+    status, _ = await get_json(url, "/ready")
+    return status == 503
+
+
 async def test_sigterm_with_50_streams_drains_them_and_exits_0() -> None:
     async with AsyncExitStack() as stack:
         backend = await stack.enter_async_context(procs.misbehaving("endless", "good"))
@@ -205,10 +210,12 @@ async def test_sigterm_with_50_streams_drains_them_and_exits_0() -> None:
                 max_tokens=100_000), on_first=first, deadline_s=30)) for _ in range(50)]
             await asyncio.wait_for(begun.wait(), 30)
             gateway.signal(signal.SIGTERM)
-            status, _ = await get_json(gateway.url, "/ready")
+            # The signal reaches the gateway's loop in its own time: the first read of /ready
+            # may precede it, so wait (well within drain_grace_s) for it to turn.
+            await until(lambda: ready_is_503(gateway.url), "/ready answers 503 once draining",
+                        timeout_s=5)
             late = await send(http, gateway.url, chat_body(stream=False), deadline_s=10)
             answers = list(await asyncio.gather(*streams))
-        assert status == 503
         assert late.status == 503 and "retry-after" in late.headers, late
         assert_none_lost(answers)
         assert all(a.kind == "error" for a in answers), [a.why for a in answers]

@@ -98,6 +98,22 @@ async def test_broken_requests_are_400_in_openai_shape(gateway: str, raw: bytes,
     assert error["type"] == "invalid_request_error" and words in error["message"]
 
 
+async def test_a_body_that_does_not_decode_ends_its_connection_with_a_close(
+        gateway: str) -> None:
+    """The gateway cannot read past a corrupt body, so it closes that connection; the answer
+    says so, and a pooled client never sends its next request on the dying connection."""
+    status, headers, _ = await _exchange(
+        gateway, _post(b"\x00\xffcorrupt", b"Content-Encoding: deflate"))
+    assert status == 400 and headers.get("Connection", "").lower() == "close"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
+        for _ in range(20):
+            async with http.post(gateway + "/v1/chat/completions", data=b"\x00\xffcorrupt",
+                                 headers={"Content-Encoding": "deflate"}) as resp:
+                assert resp.status == 400
+            async with http.post(gateway + "/v1/chat/completions", data=GOOD) as resp:
+                assert resp.status == 200
+
+
 async def test_a_deflated_body_still_works(gateway: str) -> None:
     status, _, body = await _exchange(
         gateway, _post(zlib.compress(GOOD), b"Content-Encoding: deflate"))
