@@ -238,6 +238,11 @@ async def _backend_health(app: web.Application) -> AsyncIterator[None]:
         on_error=app[TELEMETRY].poll_error,
     )
     async with poller.running():
+        # The listener opens once every backend's capacity is known (or its first scrape has
+        # failed), within one poll interval and a scrape timeout: a request that came sooner
+        # would be admitted against no reading at all.
+        await poller.first_round(settings.routing.poll_interval_s
+                                 + settings.routing.scrape_timeout_s)
         yield
 
 

@@ -170,6 +170,8 @@ class Poller:
         self.scrapes_filtered = 0  # of scrapes_ok, answered through a `name[]` path
         self.scrapes_hot = 0  # of scrapes_filtered, answered through a hot path
         self.scrapes_templated = 0  # of scrapes_hot, read from their numbers (`HotTemplate`)
+        self._unsettled = {spec.id for spec in fleet.specs}  # no scrape of theirs ended yet
+        self._first_round = asyncio.Event()
 
     async def run(self) -> None:
         """Polls every backend until cancelled."""
@@ -212,6 +214,15 @@ class Poller:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def first_round(self, timeout_s: float) -> bool:
+        """Waits until every backend's first scrape has ended (answered or failed), at most
+        `timeout_s`; whether they all did."""
+        if self._unsettled:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._first_round.wait()
+        return not self._unsettled
 
     # One scrape, as callbacks: start, /metrics answered, /slots answered (llama.cpp), end.
 
@@ -322,6 +333,9 @@ class Poller:
                               exc_info=outcome)
                 self._failed(backend, outcome)
         finally:
+            self._unsettled.discard(spec.id)
+            if not self._unsettled:
+                self._first_round.set()
             backend.busy = False
             delay = self._interval
             if backend.failures:

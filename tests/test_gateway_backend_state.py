@@ -19,6 +19,7 @@ from gateway.config import Settings
 from gateway.serve import running_gateway
 from loadtest.sim.launch import running_sim
 from loadtest.sim.presets import DEFAULT_PRESET, PRESETS
+from tests.paths import free_port
 
 MODEL = PRESETS[DEFAULT_PRESET].model_name
 SIZES = {"small": 600, "medium": 1200, "large": 2400}  # KV blocks of 16 tokens
@@ -124,3 +125,29 @@ async def test_a_burst_between_two_scrapes_spreads_by_free_kv_instead_of_herding
         assert counts["small"] < min(counts["medium"], counts["large"]), counts
         assert max(counts.values()) < 50 * 0.8, counts
         assert all(row["inflight"] == 0 for row in (await rows(http, gateway)).values())
+
+
+async def test_the_gateway_listens_once_it_has_read_every_backends_kv_size() -> None:
+    """A request that arrives the moment the gateway is up is routed against a real reading:
+    the listener opens after each backend's first scrape has ended, so `/admin/backends`'s
+    first answer already holds every reachable backend's KV size, and a backend on a closed
+    port does not hold the start back past one poll interval and a scrape timeout."""
+    async with AsyncExitStack() as stack:
+        urls = {
+            name: await stack.enter_async_context(running_sim(num_gpu_blocks=blocks, seed=i))
+            for i, (name, blocks) in enumerate(SIZES.items())
+        }
+        backends = [{"url": url, "id": name} for name, url in urls.items()]
+        backends.append({"url": f"http://127.0.0.1:{free_port()}", "id": "closed",
+                         "models": [MODEL]})
+        settings = Settings.model_validate({
+            "server": {"port": 0}, "backends": backends,
+            # Seconds between scrapes: only the first one can have been read at the start.
+            "routing": {"poll_interval_s": 2.0},
+        })
+        gateway = await stack.enter_async_context(running_gateway(settings))
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        first = await rows(http, gateway)
+    assert {name: first[name]["kv_total_blocks"] for name in SIZES} == {
+        name: blocks for name, blocks in SIZES.items()}
+    assert first["closed"]["kv_total_blocks"] is None
