@@ -49,6 +49,7 @@ MODULES = {
     "test_cache_response_cache": "unit",
     "test_cache_store": "loopback",
     "test_deploy_configs": "unit",
+    "test_docs_pages": "unit",
     "test_engines_llamacpp": "engines",
     "test_engines_vllm": "engines",
     "test_fleetsim_cli": "unit",
