@@ -55,8 +55,11 @@ def test_the_bar_counts_every_request_the_experiment_simulates() -> None:
     bar = Bar(experiment, jobs=1, stream=stream)
     with bar.progress:
         report = run_experiment(experiment, bar)
+        bar.finish()
     simulated = sum(len(run.outcome.requests) for point in report.points for run in point.runs)
     assert simulated > 0 and bar.requests_done == simulated
+    [task] = bar.progress.tasks
+    assert task.completed == task.total == simulated and bar.left() == ""
     assert bar.wall_done > 0
     shown = stream.getvalue()
     assert "estimate: about" in shown and "round_robin: " in shown  # the lines, above the bar

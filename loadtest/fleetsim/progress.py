@@ -130,8 +130,7 @@ class Bar:
         self.console = Console(file=stream, highlight=False)
         self.progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-            TextColumn("{task.completed:,.0f} requests"), TimeElapsedColumn(),
-            _left_column(self), console=self.console)
+            _counts_column(), TimeElapsedColumn(), _left_column(self), console=self.console)
         self.task = self.progress.add_task("simulating", total=None)
         self._plan()
 
@@ -166,11 +165,29 @@ class Bar:
         self.progress.update(self.task, description="simulating",
                              total=planned_requests(self.experiment, self.capacity))
 
+    def finish(self) -> None:
+        """Every run has ended: the bar full at the requests simulated (the schedules' own
+        count, which the estimate's expected one only approached)."""
+        self.progress.update(self.task, total=self.requests_done, completed=self.requests_done)
+        self.deadline = None  # nothing left to show
+
     def left(self) -> str:
         """The time still to go, as the bar shows it."""
         if self.deadline is None:
             return ""
         return f"about {_duration(max(0.0, self.deadline - self._now()))} left"
+
+
+def _counts_column() -> ProgressColumn:
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class Counts(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            total = "" if task.total is None else f" of {task.total:,.0f}"
+            return Text(f"{task.completed:,.0f}{total} requests")
+
+    return Counts()
 
 
 def _left_column(bar: Bar) -> ProgressColumn:
@@ -200,3 +217,4 @@ def simulation_progress(experiment: Experiment, *, jobs: int, quiet: bool, bar: 
     shown = Bar(experiment, jobs, out)
     with shown.progress:
         yield shown
+        shown.finish()
