@@ -26,6 +26,7 @@ from pathlib import Path
 from gateway.cli import UsageError
 from loadtest.fleetsim.backends import FleetSpec, parse_fleet, preset_names
 from loadtest.fleetsim.experiment import Contender, Experiment, Report, run_experiment
+from loadtest.fleetsim.progress import simulation_progress
 from loadtest.fleetsim.report import load_pyplot, plot, table
 from loadtest.fleetsim.results import Slo
 from loadtest.fleetsim.trace import load_trace
@@ -239,10 +240,12 @@ def run(args: argparse.Namespace) -> int:
             load_pyplot()
         except ImportError as exc:
             raise UsageError(str(exc)) from exc
-    progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
-    report: Report = run_experiment(experiment, progress, jobs=args.jobs)
+    # On a terminal (the table on stdout): the run time's estimate and a bar; else plain lines.
+    with simulation_progress(experiment, jobs=args.jobs, quiet=args.quiet,
+                             bar=sys.stderr.isatty() and args.json != "-") as progress:
+        report: Report = run_experiment(experiment, progress, jobs=args.jobs)
     document = json.dumps(report.as_json(), indent=2, sort_keys=False) + "\n"
     if args.json == "-":
         sys.stdout.write(document)
