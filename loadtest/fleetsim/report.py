@@ -13,6 +13,7 @@ from typing import Any
 
 from loadtest.fleetsim.experiment import Point, Report
 from loadtest.fleetsim.results import Spread
+from loadtest.fleetsim.trace_replay import describe_level
 
 PLOT_EXTRA_HINT = "pip install 'kvgate[plot]' (or: pip install matplotlib)"
 
@@ -105,10 +106,15 @@ def table(report: Report) -> str:
         + ("" if report.capacity_rps is None
            else f"; measured capacity {report.capacity_rps:.2f} requests/s"),
     ]
+    if e.trace_info is not None:
+        lines.append(e.trace_info.describe())
     header = ["policy", *(h for _, h, _ in COLUMNS)]
     for point in report.points:
         lines += ["", _point_title(report, point)
                   + (f" (means over {len(e.seeds)} seeds)" if len(e.seeds) > 1 else "")]
+        replayed = e.trace_replay(point)
+        if e.trace_info is not None and replayed is not None:
+            lines.append(describe_level(e.trace_info, replayed))
         rows = []
         for c in e.contenders:
             s = point.spread_of(c)
