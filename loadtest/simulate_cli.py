@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from gateway.cli import UsageError
@@ -270,6 +271,7 @@ def _load_trace(args: argparse.Namespace, limits: Limits, *, scaled: bool) -> Tr
         raise UsageError(f"--trace: cannot read {args.trace}: {exc.strerror or exc}") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise UsageError(f"--trace: {args.trace}: {exc}") from exc
+    trace = replace(trace, info=replace(trace.info, source=Path(args.trace).name))
     if not trace.items:
         raise UsageError(f"--trace: {args.trace} has no requests"
                          + (f" ({trace.info.describe()})" if trace.info.requests == 0 and (

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cli import main as kvgate
 from loadtest.fleetsim.backends import parse_fleet
 from loadtest.fleetsim.loop import SimConfig, simulate
 from loadtest.fleetsim.trace import load_trace, read_trace
@@ -186,3 +187,79 @@ def test_a_malformed_record_is_named_by_its_line(text: list[str], fmt: str, mess
                                                  ) -> None:
     with pytest.raises(ValueError, match=message):
         read_trace(text, fmt=fmt)
+
+
+TINY = ["simulate", "--backends", "1", "--policies", "round_robin", "--quiet"]
+
+
+@pytest.mark.parametrize(("fmt", "name"), [(f, n) for f, names in FILES.items() for n in names])
+def test_the_cli_replays_each_format_end_to_end(fmt: str, name: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert kvgate([*TINY, "--trace", str(DATA / name), "--duration", "8", "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    trace = doc["config"]["trace"]
+    assert (trace["source"], trace["format"], trace["stopped"]) == (name, fmt, "8 s")
+    point = doc["points"][0]
+    replayed = point["trace_replay"]
+    run = point["policies"]["round_robin"]["runs"][0]
+    assert run["requests"] == replayed["requests"] == trace["requests"] > 0
+    assert run["completed"] == run["requests"]
+    assert replayed["compression"] == 1.0 and replayed["window_s"] == 8.0
+    failed = read_trace(lines(name), horizon_s=8.0).info.failed  # in the first 8 s
+    assert trace["skipped_failed"] == failed and (failed > 0) == (fmt == "burstgpt")
+
+
+def test_the_summary_says_what_was_skipped_and_how_the_timeline_was_scaled(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    burst = str(DATA / "burstgpt.csv")
+    assert kvgate([*TINY, "--trace", burst, "--rate-scale", "4", "--duration", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "trace burstgpt.csv (burstgpt): 37 requests" in out
+    assert "skipped 3 failed (no reply)" in out
+    assert "the first 40.0 s of the trace" in out and "in 10.0 s: timeline compressed 4x" in out
+    assert kvgate([*TINY, "--trace", burst, "--rate-scale", "4", "--duration", "10",
+                   "--json", "-"]) == 0
+    replayed = json.loads(capsys.readouterr().out)["points"][0]["trace_replay"]
+    assert replayed["compression"] == 4.0
+    assert replayed["rate_rps"] == pytest.approx(4 * replayed["native_rate_rps"], rel=1e-3)
+
+
+def test_load_scales_a_trace_to_a_fraction_of_the_measured_capacity(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    args = [*TINY, "--trace", str(DATA / "azure_code_2024.csv"), "--load", "0.1", "--duration",
+            "4", "--json", "-"]
+    assert kvgate(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    point = doc["points"][0]
+    assert point["rate_rps"] == pytest.approx(0.1 * doc["capacity_rps"], abs=1e-3)
+    replayed = point["trace_replay"]  # the first rate x 4 s requests, in 4 s
+    assert replayed["window_s"] == 4.0
+    assert replayed["requests"] == round(point["rate_rps"] * 4)
+    assert replayed["compression"] == pytest.approx(
+        replayed["trace_window_s"] / 4.0, rel=1e-3)
+
+
+def test_trace_limit_replays_the_first_requests(capsys: pytest.CaptureFixture[str]) -> None:
+    assert kvgate([*TINY, "--trace", str(DATA / "mooncake_conversation.jsonl"), "--trace-limit",
+                   "6", "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["config"]["trace"]["requests"] == 6
+    assert doc["points"][0]["policies"]["round_robin"]["runs"][0]["requests"] == 6
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--trace", "BAD"], "bad.csv: trace line 3: TIMESTAMP must be"),
+    (["--trace", "BAD", "--trace-format", "burstgpt"], "trace line 1: not a BurstGPT header"),
+    (["--trace", "BAD", "--rate-scale", "0"], "--rate-scale must be > 0"),
+    (["--trace", "BAD", "--trace-limit", "0"], "--trace-limit must be >= 1"),
+    (["--rate-scale", "2"], "--rate-scale needs --trace"),
+    (["--trace-format", "azure"], "--trace-format needs --trace"),
+], ids=["malformed", "forced-format", "zero-scale", "zero-limit", "scale-alone", "format-alone"])
+def test_trace_problems_exit_2_with_one_line(extra: list[str], message: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6,10,5\n"
+                   "yesterday,10,5\n")
+    assert kvgate([*TINY, *(str(bad) if x == "BAD" else x for x in extra)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err

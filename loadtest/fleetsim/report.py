@@ -98,8 +98,9 @@ def table(report: Report) -> str:
     e = report.experiment
     source = e.workload.name if e.workload is not None else "trace"
     lines = [
-        f"fleet {e.fleet.describe()} ({e.fleet.model}); workload {source}, {e.arrival} arrivals; "
-        f"{e.duration_s if e.duration_s is not None else 'trace'} s; seeds "
+        f"fleet {e.fleet.describe()} ({e.fleet.model}); workload {source}"
+        + (f", {e.arrival} arrivals; " if e.trace is None else "; ") +
+        f"{f'{e.duration_s:g} s' if e.duration_s is not None else 'its whole span'}; seeds "
         f"{','.join(map(str, e.seeds))}; scrape every {e.scrape_interval_s:g} s; "
         f"{e.replicas} gateway replica{'s' if e.replicas > 1 else ''}",
         f"SLO: TTFT <= {e.slo.ttft_s:g} s, TPOT <= {e.slo.tpot_s * 1000:g} ms; times in ms"

@@ -71,6 +71,7 @@ class TraceInfo:
     max_context: int = 0
     rate_scale: float = 1.0  # the timeline was compressed this many times at loading
     stopped: str | None = None  # why reading stopped before the end of the file
+    source: str = ""  # the file's name
 
     @property
     def native_rate_rps(self) -> float:
@@ -78,7 +79,7 @@ class TraceInfo:
         return self.requests / self.span_s if self.span_s > 0 else 0.0
 
     def as_json(self) -> dict[str, object]:
-        return {"format": self.format, "requests": self.requests,
+        return {"source": self.source, "format": self.format, "requests": self.requests,
                 "span_s": round(self.span_s, 3),
                 "native_rate_rps": round(self.native_rate_rps, 4), "rate_scale": self.rate_scale,
                 "skipped_failed": self.failed, "skipped_too_long": self.too_long,
@@ -88,7 +89,8 @@ class TraceInfo:
         skipped = [f"{n} {what}" for n, what in (
             (self.failed, "failed (no reply)"),
             (self.too_long, f"longer than the {self.max_context}-token context")) if n]
-        return (f"trace: {self.format}, {self.requests} requests over {self.span_s:.1f} s "
+        return (f"trace{' ' + self.source if self.source else ''} ({self.format}): "
+                f"{self.requests} requests over {self.span_s:.1f} s "
                 f"({self.native_rate_rps:.2f} requests/s native)"
                 + (f"; skipped {', '.join(skipped)}" if skipped else "")
                 + (f"; read up to {self.stopped}" if self.stopped else "")
