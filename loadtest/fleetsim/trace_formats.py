@@ -96,6 +96,10 @@ def read_records(lines: Iterable[str], fmt: str = "auto") -> tuple[str, Iterator
 
 def _integer(value: Any, what: str, number: int, low: int) -> int:
     """A token count or time as an integer >= low: an int, a float or a decimal string of one."""
+    if type(value) is str and value.isdigit():  # the common case, first
+        n = int(value)
+        if n >= low:
+            return n
     if isinstance(value, str):
         text = value.strip()
         try:
@@ -224,8 +228,8 @@ _TIMESTAMP = re.compile(
 
 
 @functools.lru_cache(maxsize=4096)
-def _day(year: int, month: int, day: int) -> int:
-    return datetime.date(year, month, day).toordinal()
+def _day(year: str, month: str, day: str) -> int:
+    return datetime.date(int(year), int(month), int(day)).toordinal()
 
 
 def timestamp_ns(text: str, number: int = 1) -> int:
@@ -235,8 +239,8 @@ def timestamp_ns(text: str, number: int = 1) -> int:
     if m is None:
         raise ValueError(f"trace line {number}: TIMESTAMP must be a date and time such as "
                          f"2023-11-16 18:15:46.6805900, got {text!r}")
-    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
-    fraction, zone = m.group(7), m.group(8)
+    year, month, day, h, mi, sec, fraction, zone = m.groups()
+    hour, minute, second = int(h), int(mi), int(sec)
     try:
         days = _day(year, month, day)
     except ValueError as exc:
