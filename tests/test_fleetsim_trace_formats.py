@@ -105,6 +105,13 @@ def test_mooncake_requests_share_exactly_the_blocks_their_hash_ids_share() -> No
     # Block text is a function of the hash id alone: a cut-short last block is a prefix of it.
     short, = load_trace(mooncake((0, 700, 10, [7, 8])))
     assert common_prefix(short.prompt_ids(), ids[0]) == 700 - 6  # up to its newline and reply
+    # More hash ids than the prompt holds: the ones it holds. Fewer: the rest is unique text.
+    few, = load_trace(mooncake((0, 600, 10, [7, 8, 9, 10])))
+    assert few.prompt_tokens == 600 and common_prefix(few.prompt_ids(), ids[0]) == 600 - 6
+    long_a, long_b = load_trace(mooncake((0, 2000, 10, [7]), (1, 2000, 10, [7])))
+    assert long_a.prompt_tokens == 2000
+    tail = common_prefix(long_a.prompt_ids(), long_b.prompt_ids()) - 512
+    assert 0 < tail < 16  # the unique text's template and tag: no engine block past the id's
 
 
 def test_a_shared_two_block_prefix_is_a_1024_token_prefix_cache_hit() -> None:
@@ -139,6 +146,10 @@ def test_reading_stops_at_the_limit_or_the_horizon() -> None:
     early = read_trace(text, horizon_s=3.0)
     assert early.items and all(i.arrival_s < 3.0 for i in early.items)
     assert len(early.items) == sum(1 for i in read_trace(text).items if i.arrival_s < 3.0)
+    # kvgate's JSONL need not be in time order: every record inside the horizon is kept.
+    jsonl = [json.dumps({"arrival_s": t, "prompt_tokens": 50, "output_tokens": 5})
+             for t in (0.0, 5.0, 1.0)]
+    assert [i.arrival_s for i in read_trace(jsonl, horizon_s=2.0).items] == [0.0, 1.0]
     fast = read_trace(text, rate_scale=4.0)
     assert [i.arrival_s * 4 for i in fast.items] == pytest.approx(
         [i.arrival_s for i in read_trace(text).items])

@@ -28,7 +28,8 @@ the JSONL's, or the larger of the output and `default_max_tokens`; the cap, and 
 are cut to the context left. In the public formats a record without a reply (0 output tokens:
 BurstGPT's failed requests) and a prompt too long for the fleet's context are skipped and
 counted (`TraceInfo`); in kvgate's JSONL both are errors naming the line. The reader streams and
-stops early at `limit` requests or at the first record past `horizon_s`.
+stops early at `limit` requests, or at the first record past `horizon_s` in a public trace (they
+are published in time order; kvgate's JSONL need not be, so its later records are still read).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def read_trace(lines: Iterable[str], *, fmt: str = "auto", limits: Limits | None
                limit: int | None = None, horizon_s: float | None = None,
                rate_scale: float = 1.0, default_max_tokens: int = 1024) -> Trace:
     """A trace's requests and what was read (module docstring). `limit`: keep the first `limit`
-    requests; `horizon_s`: stop at the first record at or past it (trace time, before the rate
+    requests; `horizon_s`: leave out the records at or past it (trace time, before the rate
     scale); `rate_scale`: divide every arrival time by it. ValueError names the line of a
     malformed record."""
     limits = limits or Limits()
@@ -128,6 +129,8 @@ def read_trace(lines: Iterable[str], *, fmt: str = "auto", limits: Limits | None
     for record in records:
         if horizon_s is not None and record.arrival_s >= horizon_s:
             stopped = f"{horizon_s:g} s"
+            if name == "jsonl":
+                continue
             break
         if name == "jsonl":
             kept.append(record)  # two passes: a group's shortest prompt sets its prefix
