@@ -58,6 +58,7 @@ _MESSAGE = prompt_tokens([Segment(USER, "", 0, 0)]) - _REPLY_OPEN  # a message's
 _UNIQUE_TAG = 3  # words of a UniqueTags tag
 _BLOCK_TAG = 3  # words of a block's tag
 _UNIQUE_MIN = _MESSAGE + _UNIQUE_TAG + 1  # the shortest unique message
+_BLOCK_CONTENT = MOONCAKE_BLOCK_TOKENS - _MESSAGE  # a whole block's tokens inside its template
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,21 +171,22 @@ class _Builder:
         self.tags = UniqueTags(0)
         self.rng = random.Random("kvgate-trace" if fmt == "jsonl" else f"kvgate-trace:{fmt}")
         self.count = 0  # requests made: each its own session number
-        self.blocks: dict[tuple[int, int], Segment] = {}  # (hash id, tokens) -> its message
+        self.blocks: dict[int, Segment] = {}  # hash id -> its whole block's message
 
     def unique(self, tokens: int) -> Segment:
         return segment(USER, self.tags.unique(), self.rng.randrange(FILLER_WORDS), tokens)
 
-    def block(self, hash_id: int, tokens: int) -> Segment:
-        """Block `hash_id`'s message, `tokens` long: the same object for every request."""
-        key = (hash_id, tokens)
-        found = self.blocks.get(key)
+    def block(self, hash_id: int, tokens: int = _BLOCK_CONTENT) -> Segment:
+        """Block `hash_id`'s message, `tokens` long; a whole block is one object for every
+        request (a cut one, usually a prompt's last, is seldom seen twice)."""
+        found = self.blocks.get(hash_id) if tokens == _BLOCK_CONTENT else None
         if found is None:
             # Its low digits first: two blocks' text differs from its first word on.
             tag = (f" h{hash_id % 10_000:04d} h{hash_id // 10_000 % 10_000:04d}"
                    f" h{hash_id // 100_000_000 % 10_000:04d}")
-            found = self.blocks[key] = Segment(
-                USER, tag, (hash_id * 104_729 + 7919) % FILLER_WORDS, tokens)
+            found = Segment(USER, tag, (hash_id * 104_729 + 7919) % FILLER_WORDS, tokens)
+            if tokens == _BLOCK_CONTENT:
+                self.blocks[hash_id] = found
         return found
 
     def segments(self, record: Record) -> list[Segment]:

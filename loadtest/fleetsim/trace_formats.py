@@ -96,7 +96,9 @@ def read_records(lines: Iterable[str], fmt: str = "auto") -> tuple[str, Iterator
 
 def _integer(value: Any, what: str, number: int, low: int) -> int:
     """A token count or time as an integer >= low: an int, a float or a decimal string of one."""
-    if type(value) is str and value.isdigit():  # the common case, first
+    if type(value) is int and value >= low:  # the common cases first
+        return value
+    if type(value) is str and value.isdigit():
         n = int(value)
         if n >= low:
             return n
@@ -191,7 +193,10 @@ def _mooncake(lines: Iterable[str]) -> Iterator[Record]:
         ids = data.get("hash_ids", [])
         if not isinstance(ids, list):
             raise ValueError(f"trace line {number}: 'hash_ids' must be a list of integers")
-        blocks = tuple(_integer(h, "each hash id", number, 0) for h in ids)
+        if set(map(type, ids)) <= {int} and (not ids or min(ids) >= 0):
+            blocks = tuple(ids)
+        else:
+            blocks = tuple(_integer(h, "each hash id", number, 0) for h in ids)
         origin = at if origin is None else origin
         yield Record(number, at - origin, prompt, output, blocks)
 
