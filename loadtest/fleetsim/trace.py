@@ -125,7 +125,7 @@ def read_trace(lines: Iterable[str], *, fmt: str = "auto", limits: Limits | None
     kept: list[Record] = []
     failed = too_long = 0
     stopped: str | None = None
-    build = _Builder(name, limits, default_max_tokens)
+    build = _Builder(name, limits, default_max_tokens, 1.0 / rate_scale)
     items: list[WorkItem] = []
     for record in records:
         if horizon_s is not None and record.arrival_s >= horizon_s:
@@ -153,9 +153,7 @@ def read_trace(lines: Iterable[str], *, fmt: str = "auto", limits: Limits | None
     if items and items[0].arrival_s < 0:  # a public trace whose first record was not the first
         origin = items[0].arrival_s
         items = [replace(i, arrival_s=i.arrival_s - origin) for i in items]
-    span = items[-1].arrival_s - items[0].arrival_s if items else 0.0
-    if rate_scale != 1.0:
-        items = [replace(i, arrival_s=i.arrival_s / rate_scale) for i in items]
+    span = (items[-1].arrival_s - items[0].arrival_s) * rate_scale if items else 0.0
     return Trace(tuple(items), TraceInfo(name, len(items), span, failed, too_long,
                                          limits.max_context, rate_scale, stopped))
 
@@ -163,8 +161,10 @@ def read_trace(lines: Iterable[str], *, fmt: str = "auto", limits: Limits | None
 class _Builder:
     """Requests from records, with the text the module docstring describes."""
 
-    def __init__(self, fmt: str, limits: Limits, default_max_tokens: int) -> None:
+    def __init__(self, fmt: str, limits: Limits, default_max_tokens: int,
+                 time_scale: float) -> None:
         self.fmt = fmt
+        self.time_scale = time_scale  # a request's time is its record's times this
         self.kind = "trace" if fmt == "jsonl" else fmt
         self.limits = limits
         self.default_max_tokens = default_max_tokens
@@ -219,7 +219,7 @@ class _Builder:
             cap = max(record.output_tokens, self.default_max_tokens)
         max_tokens = min(cap, room)
         self.count += 1
-        return WorkItem(record.arrival_s, self.kind, tuple(segments),
+        return WorkItem(record.arrival_s * self.time_scale, self.kind, tuple(segments),
                         min(record.output_tokens, max_tokens), max_tokens, group,
                         session=self.count - 1)
 
