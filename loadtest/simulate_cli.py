@@ -269,7 +269,7 @@ def _load_trace(args: argparse.Namespace, limits: Limits, *, scaled: bool) -> Tr
                                limit=args.trace_limit, horizon_s=horizon, rate_scale=scale)
     except OSError as exc:
         raise UsageError(f"--trace: cannot read {args.trace}: {exc.strerror or exc}") from exc
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # a malformed record, or bytes that are not UTF-8
         raise UsageError(f"--trace: {args.trace}: {exc}") from exc
     trace = replace(trace, info=replace(trace.info, source=Path(args.trace).name))
     if not trace.items:
