@@ -40,6 +40,19 @@ machine and the date. Where a benchmark compares variants, it runs them side by 
 and reports their ratio, which moves far less between machines than the timings do. The
 virtual-time simulations (`kvgate simulate`, `bench_fleet`) do not depend on the machine at all:
 the same command gives the same figures.
+
+The public production traces `kvgate simulate --trace` replays are not in the repository; each
+is read in the format it is published in: the Azure LLM inference traces
+(`AzureLLMInferenceTrace_conv.csv`, `_code.csv` and the 2024 `_1week` files) from
+[Azure/AzurePublicDataset](https://github.com/Azure/AzurePublicDataset), Mooncake's
+(`FAST25-release/traces/conversation_trace.jsonl`, `toolagent_trace.jsonl`, `mooncake_trace.jsonl`)
+from [kvcache-ai/Mooncake](https://github.com/kvcache-ai/Mooncake), and BurstGPT's CSVs from
+[HPMLL/BurstGPT](https://github.com/HPMLL/BurstGPT). One replays at 85% of the fleet's measured
+capacity over five seeds with, for example:
+
+    kvgate simulate --trace conversation_trace.jsonl --load 0.85 --seeds 0,1,2,3,4
+
+(`loadtest/README.md` has the command for each trace, and what the replay keeps of it.)
 """
 
 

@@ -1,7 +1,8 @@
 """`kvgate simulate`: replay a workload against a simulated fleet under each routing policy.
 
     kvgate simulate [--backends 4xllama-3-8b-h100,4xllama-3-8b-l40s] [--policies all]
-                    [--workload mixed | --trace FILE] [--load 0.85[,0.9...] | --rate R[,...]]
+                    [--workload mixed | --trace FILE [--trace-format auto] [--trace-limit N]]
+                    [--load 0.85[,0.9...] | --rate R[,...] | --rate-scale X]
                     [--arrival poisson|bursty] [--duration 600] [--seeds 0[,1,...]]
                     [--scrape-interval 0.25] [--replicas 1] [--json FILE|-] [--plot FILE.png]
 
@@ -12,6 +13,11 @@ interval. Every policy sees the identical request schedule; the same seed gives 
 policies named in --admission (default: kvgate's default policy) also run kvgate's admission
 control (KV high-water filter, SLO admission and gateway queue), labelled "+adm".
 
+A trace (kvgate's JSONL, the Azure LLM inference CSV, Mooncake's JSONL or BurstGPT's CSV; read by
+loadtest/fleetsim/trace.py) is replayed as recorded, `--rate-scale` times faster, or with its
+timeline scaled to `--load`'s or `--rate`'s rate (loadtest/fleetsim/trace_replay.py); the summary
+says which part of it ran and at what rate, native and scaled.
+
 `python -m loadtest.simulate_cli ...` runs the same command without the gateway's other commands.
 """
 
@@ -21,6 +27,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from gateway.cli import UsageError
@@ -29,7 +36,8 @@ from loadtest.fleetsim.experiment import Contender, Experiment, Report, run_expe
 from loadtest.fleetsim.progress import simulation_progress
 from loadtest.fleetsim.report import load_pyplot, plot, table
 from loadtest.fleetsim.results import Slo
-from loadtest.fleetsim.trace import load_trace
+from loadtest.fleetsim.trace import Trace, read_trace
+from loadtest.fleetsim.trace_formats import FORMATS
 from loadtest.workloads import ARRIVALS, WORKLOADS, Limits, SharedPrefix, workload
 from routing.dispatch import DispatchConfig
 from routing.policies import DEFAULT_POLICY, POLICIES, scorer_names
@@ -61,18 +69,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--workload", default="mixed", choices=WORKLOADS,
                      help="synthetic workload (default mixed)")
     src.add_argument("--trace", metavar="FILE",
-                     help="replay a JSONL trace of {arrival_s, prompt_tokens, output_tokens, "
-                          "prefix_group?, prefix_tokens?, max_tokens?} records")
+                     help="replay a recorded trace: kvgate's JSONL of {arrival_s, prompt_tokens, "
+                          "output_tokens, prefix_group?, prefix_tokens?, max_tokens?} records, "
+                          "the Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,"
+                          "GeneratedTokens), Mooncake's JSONL (timestamp, input_length, "
+                          "output_length, hash_ids: its 512-token blocks shared as recorded) or "
+                          "BurstGPT's CSV (rows with 0 response tokens, failures, are skipped)")
+    a("--trace-format", choices=("auto", *FORMATS), metavar="FORMAT",
+      help="the trace's format: auto (told by its header line or first record; the default), "
+           f"{', '.join(FORMATS)}")
+    a("--trace-limit", type=int, metavar="N", help="a trace: replay its first N requests only")
     level = parser.add_mutually_exclusive_group()
     level.add_argument("--load", metavar="LIST",
                        help="offered load as fractions of the fleet's measured capacity, "
-                            "comma-separated (default 0.85; a trace: its own rate)")
-    level.add_argument("--rate", metavar="LIST", help="offered load in requests/s, comma-separated")
+                            "comma-separated (default 0.85; a trace: its own rate). A trace's "
+                            "timeline is scaled by one factor so that what is replayed arrives "
+                            "at that rate")
+    level.add_argument("--rate", metavar="LIST",
+                       help="offered load in requests/s, comma-separated (a trace: its timeline "
+                            "scaled to that rate)")
+    level.add_argument("--rate-scale", type=float, metavar="X",
+                       help="a trace: X times its own arrival rate (its timeline compressed X "
+                            "times; 0.5 stretches it)")
     a("--arrival", default="poisson", choices=ARRIVALS, help="arrival process (default poisson)")
     a("--burstiness", type=float, default=2.0, metavar="CV",
       help="bursty arrivals: coefficient of variation of the gaps (default 2)")
     a("--duration", type=float, metavar="S",
-      help="seconds of arrivals (default 600; a trace: its whole span)")
+      help="seconds of arrivals (default 600; a trace: its whole span, or its first S seconds "
+           "once scaled; with --load or --rate, the first rate x S requests in S seconds)")
     a("--seeds", default="0", metavar="LIST", help="comma-separated seeds (default 0)")
     a("--scrape-interval", type=float, default=0.25, metavar="S",
       help="seconds between metrics scrapes of each backend (default 0.25)")
@@ -198,20 +222,16 @@ def build_experiment(args: argparse.Namespace) -> Experiment:
     limits = Limits(max_context=min(p.max_model_len for p in fleet.presets))
     loads = _floats(args.load, "--load") if args.load else ()
     rates = _floats(args.rate, "--rate") if args.rate else ()
-    trace = None
+    trace: Trace | None = None
     spec = None
     if args.trace:
-        try:
-            with open(args.trace, encoding="utf-8") as f:
-                trace = load_trace(f, limits=limits)
-        except OSError as exc:
-            raise UsageError(f"--trace: cannot read {args.trace}: {exc.strerror or exc}") from exc
-        except ValueError as exc:
-            raise UsageError(f"--trace: {exc}") from exc
-        if not trace:
-            raise UsageError(f"--trace: {args.trace} has no requests")
+        trace = _load_trace(args, limits, scaled=bool(loads or rates))
         duration = args.duration
     else:
+        for flag, value in (("--trace-format", args.trace_format),
+                            ("--trace-limit", args.trace_limit), ("--rate-scale", args.rate_scale)):
+            if value is not None:
+                raise UsageError(f"{flag} needs --trace")
         spec = workload(args.workload, limits=limits, shared_prefix=SharedPrefix(
             args.prefix_groups, args.prefix_tokens, args.question_tokens))
         duration = args.duration if args.duration is not None else 600.0
@@ -220,7 +240,9 @@ def build_experiment(args: argparse.Namespace) -> Experiment:
     max_age = args.max_snapshot_age or max(1.0, 4 * args.scrape_interval)
     try:
         return Experiment(
-            fleet=fleet, contenders=contenders, workload=spec, trace=trace, loads=loads,
+            fleet=fleet, contenders=contenders, workload=spec,
+            trace=trace.items if trace is not None else None,
+            trace_info=trace.info if trace is not None else None, loads=loads,
             rates=rates, arrival=args.arrival, burstiness=args.burstiness, duration_s=duration,
             seeds=seeds, scrape_interval_s=args.scrape_interval, max_snapshot_age_s=max_age,
             replicas=args.replicas, slo=Slo(args.slo_ttft, args.slo_tpot),
@@ -231,6 +253,31 @@ def build_experiment(args: argparse.Namespace) -> Experiment:
             weights=weights, offload_long_prompts=args.offload == "on")
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def _load_trace(args: argparse.Namespace, limits: Limits, *, scaled: bool) -> Trace:
+    """The --trace file's requests. Replayed as recorded or at --rate-scale, reading stops at the
+    end of --duration; UsageError naming the first problem (a malformed record's line)."""
+    if args.trace_limit is not None and args.trace_limit < 1:
+        raise UsageError(f"--trace-limit must be >= 1, got {args.trace_limit}")
+    if args.rate_scale is not None and not (args.rate_scale > 0 and math.isfinite(args.rate_scale)):
+        raise UsageError(f"--rate-scale must be > 0, got {args.rate_scale:g}")
+    scale = args.rate_scale or 1.0
+    horizon = args.duration * scale if args.duration and not scaled else None
+    try:
+        with open(args.trace, encoding="utf-8-sig", newline="") as f:
+            trace = read_trace(f, fmt=args.trace_format or "auto", limits=limits,
+                               limit=args.trace_limit, horizon_s=horizon, rate_scale=scale)
+    except OSError as exc:
+        raise UsageError(f"--trace: cannot read {args.trace}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a malformed record, or bytes that are not UTF-8
+        raise UsageError(f"--trace: {args.trace}: {exc}") from exc
+    trace = replace(trace, info=replace(trace.info, source=Path(args.trace).name))
+    if not trace.items:
+        raise UsageError(f"--trace: {args.trace} has no requests"
+                         + (f" ({trace.info.describe()})" if trace.info.requests == 0 and (
+                             trace.info.failed or trace.info.too_long) else ""))
+    return trace
 
 
 def run(args: argparse.Namespace) -> int:

@@ -58,6 +58,7 @@ MODULES = {
     "test_fleetsim_reservation": "unit",
     "test_fleetsim_snapshot": "unit",
     "test_fleetsim_trace": "unit",
+    "test_fleetsim_trace_formats": "unit",
     "test_gateway_admission": "realtime",
     "test_gateway_api": "loopback",
     "test_gateway_auth": "loopback",

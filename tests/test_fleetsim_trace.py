@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.fleetsim.trace import load_trace
+from loadtest.fleetsim.trace import load_trace, read_trace
 
 TRACE = [
     '{"arrival_s": 0.5, "prompt_tokens": 900, "output_tokens": 40, "prefix_group": "doc"}',
@@ -41,4 +41,4 @@ def test_a_trace_replays_its_times_lengths_and_prefix_groups() -> None:
         "boolean-tokens", "bad-group", "too-long"])
 def test_a_malformed_trace_line_is_named(line: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        load_trace([line])
+        read_trace([line], fmt="jsonl")

@@ -4,15 +4,15 @@ For every (load, seed) the request schedule is generated ONCE and replayed again
 for every policy, so all policies see the identical requests at the identical instants (and the
 identical scrape instants). A load is a fraction of the fleet's measured capacity
 (loadtest/fleetsim/capacity.py) or an absolute rate. A trace is replayed as recorded, or with its
-timeline scaled to the requested rate.
+timeline scaled to the requested rate (loadtest/fleetsim/trace_replay.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import cycle
 from typing import Any
 
@@ -20,6 +20,8 @@ from loadtest.fleetsim.backends import FleetSpec
 from loadtest.fleetsim.capacity import preset_capacity, workload_requests
 from loadtest.fleetsim.loop import RunOutcome, SimConfig, cycle_collector_paused, simulate
 from loadtest.fleetsim.results import Slo, Spread, Summary, spread, summarize
+from loadtest.fleetsim.trace import TraceInfo
+from loadtest.fleetsim.trace_replay import Replay, level_json, plan, replay
 from loadtest.workloads import WorkItem, Workload, schedule
 from routing.dispatch import DispatchConfig
 
@@ -58,6 +60,15 @@ class Experiment:
     weights: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     # cost: long prompts to slower backends (routing/scheduling/offload.py)
     offload_long_prompts: bool = True
+    trace_info: TraceInfo | None = None  # what the trace's reader read and skipped
+
+    def trace_replay(self, point: Point) -> Replay | None:
+        """How a level replayed the trace (None without a trace)."""
+        if self.trace is None:
+            return None
+        scaled = bool(self.loads or self.rates)
+        return plan([i.arrival_s for i in self.trace], self.duration_s,
+                    point.rate_rps if scaled else None)
 
     def __post_init__(self) -> None:
         if (self.workload is None) == (self.trace is None):
@@ -127,12 +138,14 @@ class Report:
                 "offload_long_prompts": e.offload_long_prompts,
                 "contenders": [{"label": c.label, "policy": c.policy, "admission": c.admission}
                                for c in e.contenders],
+                **({"trace": e.trace_info.as_json()} if e.trace_info is not None else {}),
             },
             "capacity_rps": None if self.capacity_rps is None else round(self.capacity_rps, 3),
             "points": [
                 {
                     "load": p.load,
                     "rate_rps": round(p.rate_rps, 3),
+                    **_trace_level(e, p),
                     "policies": {
                         c.label: {
                             "spread": {k: s.as_dict() for k, s in p.spread_of(c).items()},
@@ -146,6 +159,13 @@ class Report:
                 for p in self.points
             ],
         }
+
+
+def _trace_level(e: Experiment, p: Point) -> dict[str, Any]:
+    replayed = e.trace_replay(p)
+    if e.trace_info is None or replayed is None:
+        return {}
+    return {"trace_replay": level_json(e.trace_info, replayed)}
 
 
 def _backends(run: RunOutcome) -> list[dict[str, Any]]:
@@ -171,18 +191,6 @@ def measure_capacity(experiment: Experiment, seed: int) -> float:
             with cycle_collector_paused():
                 per_preset[preset.name] = preset_capacity(preset, requests)
     return sum(per_preset[p.name] for p in experiment.fleet.presets)
-
-
-def _trace_items(trace: Sequence[WorkItem], duration_s: float | None,
-                 rate: float | None) -> tuple[tuple[WorkItem, ...], float]:
-    """The trace, cut to `duration_s` and (with a rate) with its timeline scaled to that mean
-    rate; and the window it covers."""
-    span = duration_s if duration_s is not None else trace[-1].arrival_s + 1e-9
-    natural = [item for item in trace if item.arrival_s < span]
-    if rate is None or not natural:
-        return tuple(natural), span
-    scale = (len(natural) / span) / rate
-    return tuple(replace(item, arrival_s=item.arrival_s * scale) for item in natural), span * scale
 
 
 def run_one(experiment: Experiment, rate: float | None, seed: int, contender: Contender
@@ -250,7 +258,7 @@ def _level(load: float | None, rate: float) -> str:
 def _schedule(experiment: Experiment, rate: float | None, seed: int
               ) -> tuple[tuple[WorkItem, ...], float]:
     if experiment.trace is not None:
-        return _trace_items(experiment.trace, experiment.duration_s, rate)
+        return replay(experiment.trace, experiment.duration_s, rate)
     assert experiment.workload is not None and rate is not None and experiment.duration_s
     items = schedule(experiment.workload, rate=rate, duration_s=experiment.duration_s, seed=seed,
                      arrival=experiment.arrival, burstiness=experiment.burstiness)

@@ -13,6 +13,7 @@ from typing import Any
 
 from loadtest.fleetsim.experiment import Point, Report
 from loadtest.fleetsim.results import Spread
+from loadtest.fleetsim.trace_replay import describe_level
 
 PLOT_EXTRA_HINT = "pip install 'kvgate[plot]' (or: pip install matplotlib)"
 
@@ -97,18 +98,24 @@ def table(report: Report) -> str:
     e = report.experiment
     source = e.workload.name if e.workload is not None else "trace"
     lines = [
-        f"fleet {e.fleet.describe()} ({e.fleet.model}); workload {source}, {e.arrival} arrivals; "
-        f"{e.duration_s if e.duration_s is not None else 'trace'} s; seeds "
+        f"fleet {e.fleet.describe()} ({e.fleet.model}); workload {source}"
+        + (f", {e.arrival} arrivals; " if e.trace is None else "; ") +
+        f"{f'{e.duration_s:g} s' if e.duration_s is not None else 'its whole span'}; seeds "
         f"{','.join(map(str, e.seeds))}; scrape every {e.scrape_interval_s:g} s; "
         f"{e.replicas} gateway replica{'s' if e.replicas > 1 else ''}",
         f"SLO: TTFT <= {e.slo.ttft_s:g} s, TPOT <= {e.slo.tpot_s * 1000:g} ms; times in ms"
         + ("" if report.capacity_rps is None
            else f"; measured capacity {report.capacity_rps:.2f} requests/s"),
     ]
+    if e.trace_info is not None:
+        lines.append(e.trace_info.describe())
     header = ["policy", *(h for _, h, _ in COLUMNS)]
     for point in report.points:
         lines += ["", _point_title(report, point)
                   + (f" (means over {len(e.seeds)} seeds)" if len(e.seeds) > 1 else "")]
+        replayed = e.trace_replay(point)
+        if e.trace_info is not None and replayed is not None:
+            lines.append(describe_level(e.trace_info, replayed))
         rows = []
         for c in e.contenders:
             s = point.spread_of(c)
