@@ -53,6 +53,7 @@ MODULES = {
     "test_engines_vllm": "engines",
     "test_fleetsim_cli": "unit",
     "test_fleetsim_loop": "unit",
+    "test_easy_hard": "unit",
     "test_fleetsim_reservation": "unit",
     "test_fleetsim_snapshot": "unit",
     "test_fleetsim_trace": "unit",
