@@ -80,10 +80,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--target must be in [0, 1], got {args.target}")
     from gateway.cache.embedders.choice import local_installed
     from gateway.route_report import evaluate_alias, render
-    from gateway.small_model import kind_of
+    from gateway.small_model import cache_uses_local, kind_of
 
+    installed = local_installed()
+    cache_local = cache_uses_local(settings.cache, installed)
     try:
-        kinds = [kind_of(route.classifier, local_installed()) for route in settings.small_model]
+        kinds = [kind_of(route.classifier, installed, cache_local)
+                 for route in settings.small_model]
     except ClassifierUnavailable as exc:
         raise UsageError(str(exc)) from exc
     vectors = embed_all([p.text for p in prompts]) if "minilm" in kinds else None

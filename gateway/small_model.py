@@ -3,10 +3,14 @@ state, score the prompt, let `routing.model_select.select` choose.
 
 Each alias's classifier (`small_model[].classifier`) is built at start-up (`small_model_running`,
 a cleanup_ctx of the app): `minilm` embeds the prompt with the local MiniLM model (the
-`kvgate[semantic]` extra; loaded once, in a worker thread, shared by every alias) and scores the
-embedding; `hashed` scores hashed word features, no model; `auto` is minilm when the extra is
-installed. Its thresholds come from the alias's `threshold`, or from `max_hard_share` against the
-shipped weights' calibration scores (routing/difficulty/calibrate.py).
+`kvgate[semantic]` extra) and scores the embedding; `hashed` scores hashed word features, no
+model; `auto` is minilm when the semantic cache runs the local model (`cache_uses_local`), else
+hashed. When the cache runs the local model, the minilm classifiers read its embedder (its
+`Remembered` front, gateway/cache/embedders/remembered.py): the question is embedded once, by
+the classifier, and the cache's lookup finds its vector remembered. Otherwise a minilm
+classifier loads the model itself (once, in a worker thread, shared by every alias). Its
+thresholds come from the alias's `threshold`, or from `max_hard_share` against the shipped
+weights' calibration scores (routing/difficulty/calibrate.py).
 
 The classifier reads the last user message (a chat's question, not its system prompt or its
 history); the rules read the whole prompt. A request a rule decides is not embedded.
@@ -25,14 +29,16 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
 from gateway.admission import GATE
-from gateway.cache.embedders.choice import local_installed
+from gateway.cache.embedders.choice import EmbedderUnavailable, local_installed, resolve
+from gateway.cache.embedders.choice import Kind as EmbedderKind
+from gateway.config import CacheSettings
 from gateway.exchange import Asked
-from gateway.keys import CLOCK, FLEET, SETTINGS, TELEMETRY
+from gateway.keys import CACHE, CLOCK, FLEET, SETTINGS, TELEMETRY
 from gateway.small_model_settings import SmallModelRouteSettings
 from routing.difficulty.calibrate import Thresholds, thresholds
 from routing.difficulty.model import Kind, Weights, score
@@ -60,9 +66,21 @@ class ClassifierUnavailable(Exception):
     """`classifier: minilm` without the `kvgate[semantic]` extra."""
 
 
-def kind_of(setting: str, installed: bool) -> Kind:
-    """The classifier `small_model[].classifier` names, given whether the extra is installed."""
-    if setting == "hashed" or (setting == "auto" and not installed):
+def cache_uses_local(cache: CacheSettings, installed: bool) -> bool:
+    """Whether the semantic cache embeds questions with the local model."""
+    if not cache.enabled or cache.semantic == "off":
+        return False
+    try:
+        return resolve(cache.embedder, installed) is EmbedderKind.LOCAL
+    except EmbedderUnavailable:
+        return False
+
+
+def kind_of(setting: str, installed: bool, cache_local: bool = False) -> Kind:
+    """The classifier `small_model[].classifier` names, given whether the extra is installed and
+    whether the semantic cache runs the local model (`auto`: minilm then, sharing its
+    embedding; hashed otherwise)."""
+    if setting == "hashed" or (setting == "auto" and not (installed and cache_local)):
         return "hashed"
     if not installed:
         raise ClassifierUnavailable(
@@ -86,8 +104,16 @@ def classifier_of(route: SmallModelRouteSettings, kind: Kind) -> Classifier:
         step=route.pressure_step, pressure_max_hard_share=route.pressure_max_hard_share))
 
 
+class DenseEmbedder(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    async def embed(self, texts: Sequence[str]) -> Any: ...
+
+
 class Classifiers:
-    """Every alias's classifier, and the embedder the minilm ones share."""
+    """Every alias's classifier, and the embedder the minilm ones share: their own, or (None)
+    the semantic cache's, passed to `score`."""
 
     __slots__ = ("by_alias", "_embedder")
 
@@ -96,13 +122,19 @@ class Classifiers:
         self.by_alias = dict(by_alias)
         self._embedder = embedder
 
-    async def score(self, classifier: Classifier, text: str) -> float:
+    async def score(self, classifier: Classifier, text: str,
+                    shared: DenseEmbedder | None = None) -> float:
+        """`classifier`'s score of `text`; a minilm one embeds it with its own embedder, or
+        with `shared` (the cache's, when it is in the weights' vector space)."""
         weights = classifier.weights
         if weights.kind == "hashed":
             return score(weights, text)
-        if self._embedder is None:
+        embedder: DenseEmbedder | None = self._embedder
+        if embedder is None and shared is not None and shared.name == weights.space:
+            embedder = shared
+        if embedder is None:
             raise RuntimeError("a minilm classifier without the embedder")
-        vectors = await self._embedder.embed([text])
+        vectors = await embedder.embed([text])
         return score(weights, text, vectors[0].tolist())
 
     def close(self) -> None:
@@ -110,13 +142,16 @@ class Classifiers:
             self._embedder.close()
 
 
-def build_classifiers(routes: Sequence[SmallModelRouteSettings]) -> Classifiers:
+def build_classifiers(routes: Sequence[SmallModelRouteSettings],
+                      cache: CacheSettings | None = None) -> Classifiers:
     """The classifiers of `routes` (ClassifierUnavailable for a minilm one without the extra);
-    loads the MiniLM model when one needs it (blocking: call it off the event loop)."""
+    loads the MiniLM model when one needs it and the cache (`cache`) does not run it (blocking:
+    call it off the event loop)."""
     installed = local_installed()
-    kinds = {route.alias: kind_of(route.classifier, installed) for route in routes}
+    cache_local = cache is not None and cache_uses_local(cache, installed)
+    kinds = {route.alias: kind_of(route.classifier, installed, cache_local) for route in routes}
     embedder = None
-    if "minilm" in kinds.values():
+    if "minilm" in kinds.values() and not cache_local:
         from gateway.cache.embedders.local import LocalEmbedder
 
         embedder = LocalEmbedder()
@@ -129,12 +164,23 @@ SMALL_MODEL = web.AppKey("small_model", Classifiers)
 
 async def small_model_running(app: web.Application) -> AsyncIterator[None]:
     """The app's classifiers under `SMALL_MODEL` while it runs (a cleanup_ctx)."""
-    classifiers = await asyncio.to_thread(build_classifiers, app[SETTINGS].small_model)
+    settings = app[SETTINGS]
+    classifiers = await asyncio.to_thread(build_classifiers, settings.small_model,
+                                          settings.cache)
     app[SMALL_MODEL] = classifiers
     try:
         yield
     finally:
         classifiers.close()
+
+
+def cache_embedder(app: web.Application) -> DenseEmbedder | None:
+    """The semantic cache's batch embedder, when it has one (the local model's `Remembered`
+    front: `Classifiers.score` uses it only when its vector space is the weights')."""
+    cache = app.get(CACHE)
+    questions = cache.embedder if cache is not None else None
+    inner = getattr(questions, "embedder", None)
+    return inner if hasattr(inner, "embed") and hasattr(inner, "name") else None
 
 
 def question_of(data: Mapping[str, Any], fallback: str) -> str:
@@ -170,7 +216,8 @@ async def choose(app: web.Application, route: SmallModelRoute, asked: Asked,
     if certain(route, ask) is not None:
         return select(route, ask, None, classifier.thresholds, small_available=False)
     try:
-        value = await app[SMALL_MODEL].score(classifier, question_of(asked.data, ask.text))
+        value = await app[SMALL_MODEL].score(classifier, question_of(asked.data, ask.text),
+                                             cache_embedder(app))
     except Exception as exc:  # a classifier fault must not fail the request: it goes large
         log.warning("small_model %s: the classifier failed: %s: %s", route.alias,
                     type(exc).__name__, exc)

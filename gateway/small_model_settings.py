@@ -46,7 +46,8 @@ class SmallModelRouteSettings(BaseModel):
     classifier: Literal["auto", "minilm", "hashed"] = Field(
         default="auto",
         description="The classifier: minilm (the local embedding model, kvgate[semantic]), "
-        "hashed (hashed word features, no model), auto (minilm when installed).")
+        "hashed (hashed word features, no model), auto (minilm when the semantic cache runs the "
+        "local model, reading the embedding it computes for the request; else hashed).")
     max_hard_share: float = Field(
         default=0.05, ge=0.0, le=HARD_SHARE_FLOOR,
         description="The share of hard prompts the alias may send small: the threshold is the "

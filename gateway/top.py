@@ -7,7 +7,8 @@ Every `--interval` seconds it reads GET /admin/backends (each backend's KV usage
 waiting sequences, the gateway's in-flight count, its learned speed, the scrape's age) and
 GET /metrics (the gateway queue; requests refused, by reason (`over_slo`, `queue_full`, ...);
 TTFT, TPOT and queue-time percentiles, cache hit rate and small-model share over the last
-minute, from the difference between scrapes: gateway/topstats.py). `--once` renders one frame,
+minute, and each small-model routing alias's classifier scores by band with the share it judged
+easy, from the difference between scrapes: gateway/topstats.py). `--once` renders one frame,
 whose figures cover everything since the gateway started, and exits: 0, or 1 when the gateway
 cannot be read. Needs `rich` (the `top` extra), imported only here.
 """
@@ -24,7 +25,15 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from gateway.cli import UsageError
-from gateway.topstats import ScrapeWindow, WindowStats, parse_exposition, quantile, scrape_of
+from gateway.topstats import (
+    SCORE_BANDS,
+    AliasScores,
+    ScrapeWindow,
+    WindowStats,
+    parse_exposition,
+    quantile,
+    scrape_of,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -131,7 +140,32 @@ def render(frame: Frame) -> RenderableType:
     if frame.error is not None:
         return Group(title, Text(frame.error, style="bold red"))
     assert stats is not None
-    return Group(title, _gateway_table(stats), _backend_table(frame.backends))
+    parts = [title, _gateway_table(stats)]
+    if stats.scores:
+        parts.append(_scores_table(stats.scores))
+    return Group(*parts, _backend_table(frame.backends))
+
+
+def band_names() -> list[str]:
+    """"<0.2", "0.2–0.4", ..., "≥0.8": the score bands' column names."""
+    bounds = [f"{bound:g}" for bound in SCORE_BANDS]
+    return ([f"<{bounds[0]}"] + [f"{a}–{b}" for a, b in zip(bounds, bounds[1:], strict=False)]
+            + [f"≥{bounds[-1]}"])
+
+
+def _scores_table(scores: Mapping[str, AliasScores]) -> RenderableType:
+    from rich.table import Table
+
+    table = Table(title="small-model scores (the probability a prompt is hard)",
+                  title_justify="left", show_edge=False)
+    table.add_column("alias")
+    for name in ("scored", *band_names(), "scored easy"):
+        table.add_column(name, justify="right")
+    for alias in sorted(scores):
+        figures = scores[alias]
+        table.add_row(alias, number(figures.scored), *(number(n) for n in figures.bands),
+                      percent(figures.easy_share))
+    return table
 
 
 def _gateway_table(stats: WindowStats) -> RenderableType:

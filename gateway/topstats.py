@@ -32,6 +32,10 @@ _NO_REFUSALS: Mapping[str, float] = MappingProxyType({})
 TIER_LABEL = "kvgate_cache_tier"
 LOOKUP_LABEL = "kvgate_cache_lookup"
 CHOSEN_LABEL = "kvgate_small_model_chosen"
+SCORE = metric_name("kvgate.small_model.score", "1", "histogram")
+ALIAS_LABEL = "gen_ai_request_model"
+VERDICT_LABEL = "kvgate_small_model_verdict"
+SCORE_BANDS = (0.2, 0.4, 0.6, 0.8)  # the bands' upper bounds; the last band runs to 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +180,66 @@ def gauge_value(samples: Iterable[Sample], name: str) -> float | None:
 
 
 @dataclass(frozen=True, slots=True)
+class AliasScores:
+    """One routing alias's classifier scores: how many fell in each band of `SCORE_BANDS` (one
+    more band than bounds), and how many were scored and judged easy."""
+
+    bands: tuple[float, ...]
+    scored: float
+    easy: float
+
+    @property
+    def easy_share(self) -> float | None:
+        return self.easy / self.scored if self.scored > 0 else None
+
+
+_NO_SCORES: Mapping[str, AliasScores] = MappingProxyType({})
+
+
+def scores_of(samples: Iterable[Sample]) -> dict[str, AliasScores]:
+    """Each alias's score counts by band, from the score histogram's buckets."""
+    at_bound: dict[str, list[float]] = {}
+    scored: dict[str, float] = {}
+    easy: dict[str, float] = {}
+    bucket, count = SCORE + "_bucket", SCORE + "_count"
+    for s in samples:
+        alias = s.labels.get(ALIAS_LABEL, "")
+        if s.name == count:
+            scored[alias] = scored.get(alias, 0.0) + s.value
+            if s.labels.get(VERDICT_LABEL) == "easy":
+                easy[alias] = easy.get(alias, 0.0) + s.value
+        elif s.name == bucket:
+            le = float(s.labels.get("le", "nan"))
+            cumulative = at_bound.setdefault(alias, [0.0] * len(SCORE_BANDS))
+            for index, bound in enumerate(SCORE_BANDS):
+                if math.isclose(le, bound, abs_tol=1e-9):
+                    cumulative[index] += s.value
+    out: dict[str, AliasScores] = {}
+    for alias, total in scored.items():
+        cumulative = [*at_bound.get(alias, [0.0] * len(SCORE_BANDS)), total]
+        bands = tuple(b - a for a, b in zip([0.0, *cumulative], cumulative, strict=False))
+        out[alias] = AliasScores(bands, total, easy.get(alias, 0.0))
+    return out
+
+
+def scores_delta(new: Mapping[str, AliasScores], old: Mapping[str, AliasScores]
+                 ) -> dict[str, AliasScores]:
+    """What each alias scored between two scrapes (an alias whose count went down restarted)."""
+    out: dict[str, AliasScores] = {}
+    for alias, now in new.items():
+        before = old.get(alias)
+        if before is None or now.scored < before.scored:
+            delta = now
+        else:
+            delta = AliasScores(tuple(max(0.0, a - b) for a, b in zip(now.bands, before.bands,
+                                                                        strict=True)),
+                                now.scored - before.scored, max(0.0, now.easy - before.easy))
+        if delta.scored > 0:
+            out[alias] = delta
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class Scrape:
     """The cumulative figures of one /metrics scrape that `top` differences."""
 
@@ -190,6 +254,7 @@ class Scrape:
     small_decisions: float
     queue_depth: float | None
     refused: Mapping[str, float] = field(default_factory=lambda: _NO_REFUSALS)  # by reason
+    scores: Mapping[str, AliasScores] = field(default_factory=lambda: _NO_SCORES)  # by alias
 
 
 def scrape_of(samples: list[Sample], at: float) -> Scrape:
@@ -217,6 +282,7 @@ def scrape_of(samples: list[Sample], at: float) -> Scrape:
         small_decisions=counter_sum(samples, small),
         queue_depth=gauge_value(samples, QUEUE_DEPTH),
         refused=MappingProxyType(refused),
+        scores=MappingProxyType(scores_of(samples)),
     )
 
 
@@ -231,6 +297,7 @@ class WindowStats:
     small_model_share: float | None  # None: no small-model decisions in the window
     queue_depth: float | None
     refused: Mapping[str, float] = field(default_factory=lambda: _NO_REFUSALS)  # by reason
+    scores: Mapping[str, AliasScores] = field(default_factory=lambda: _NO_SCORES)  # by alias
 
 
 def _diff(new: float, old: float) -> float:
@@ -264,6 +331,7 @@ def window_stats(new: Scrape, old: Scrape | None) -> WindowStats:
         refused=MappingProxyType({
             reason: n for reason, count in new.refused.items()
             if (n := _diff(count, base.refused.get(reason, 0.0))) > 0}),
+        scores=MappingProxyType(scores_delta(new.scores, base.scores)),
     )
 
 

@@ -96,5 +96,5 @@ def table(rows: Sequence[Sequence[object]], embedder: str) -> Table:
                  ["step", "calls", "CPU p50", "CPU p99", "CPU max", "wall p50", "wall p99"],
                  rows,
                  f"The classifier's own cost is the rows without the embedding ({embedder}); "
-                 "a minilm alias pays the embedding on top, per request no rule decided (the "
-                 "semantic cache's lookup embeds its own question separately).")
+                 "a minilm alias pays the embedding on top, per request no rule decided, "
+                 "once: the semantic cache's lookup reads the same embedding.")

@@ -351,13 +351,17 @@ def workload(name: str, *, limits: Limits | None = None,
         shares = {"chat": 0.4, "shared-prefix": 0.2, "multi-turn": 0.2, "rag-long": 0.1,
                   "agents": 0.1}
         return Workload(name, tuple((k, kinds[k], w) for k, w in shares.items()), limits)
+    if name == "easy-hard":  # labelled prompts for a small-model routing alias (its module)
+        from loadtest.easy_hard import easy_hard_session
+
+        kinds[name] = easy_hard_session
     if name not in kinds:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
     return Workload(name, ((name, kinds[name], 1.0),), limits)
 
 
 WORKLOADS: tuple[str, ...] = ("chat", "shared-prefix", "multi-turn", "rag-long", "agents", "mixed",
-                              "ignore-eos", "heavy-tail")
+                              "ignore-eos", "heavy-tail", "easy-hard")
 
 
 class SessionSource:

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/train_router.py [--data tests/data/routing_prompts.jsonl]
                                              [--out routing/difficulty/data] [--kind minilm|hashed]
 
-From the labelled file's train split only (the eval split and the held-out file are for
+From the labelled file's train split only (the eval split and the held-out files are for
 route-eval), with a fixed seed and penalty: the same data gives the same weights to 1e-6
 (tests/test_routing_difficulty_train.py retrains and compares). Kind `minilm` embeds the prompts
 with the local MiniLM model (the `semantic` extra); kind `hashed` needs nothing beyond numpy.

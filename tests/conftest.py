@@ -55,6 +55,8 @@ MODULES = {
     "test_fleetsim_cli": "unit",
     "test_fleetsim_loop": "unit",
     "test_fleetsim_progress": "unit",
+    "test_easy_hard": "unit",
+    "test_small_model_shared_embedding": "loopback",
     "test_fleetsim_reservation": "unit",
     "test_fleetsim_snapshot": "unit",
     "test_fleetsim_trace": "unit",

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from gateway.config import CacheSettings
 from gateway.exchange import Asked
 from gateway.small_model import (
     SMALL_MODEL,
@@ -18,6 +19,7 @@ from gateway.small_model import (
     Classifiers,
     ClassifierUnavailable,
     ask_of,
+    cache_uses_local,
     choose,
     kind_of,
     question_of,
@@ -79,16 +81,41 @@ def test_the_classifier_reads_the_question(data: dict[str, Any], question: str) 
 
 
 @pytest.mark.parametrize(
-    ("setting", "installed", "kind"),
+    ("setting", "installed", "cache_local", "kind"),
     [
-        pytest.param("auto", True, "minilm", id="auto with the extra: minilm"),
-        pytest.param("auto", False, "hashed", id="auto without it: hashed"),
-        pytest.param("hashed", True, "hashed", id="hashed asked for: hashed"),
-        pytest.param("minilm", True, "minilm", id="minilm asked for: minilm"),
+        pytest.param("auto", True, True, "minilm",
+                     id="auto while the cache runs the local model: minilm, on its embedding"),
+        pytest.param("auto", True, False, "hashed",
+                     id="auto with the extra but no cache embedding: hashed"),
+        pytest.param("auto", False, False, "hashed", id="auto without the extra: hashed"),
+        pytest.param("hashed", True, True, "hashed", id="hashed asked for: hashed"),
+        pytest.param("minilm", True, False, "minilm", id="minilm asked for: minilm"),
     ],
 )
-def test_the_classifier_an_alias_gets(setting: str, installed: bool, kind: str) -> None:
-    assert kind_of(setting, installed) == kind
+def test_the_classifier_an_alias_gets(setting: str, installed: bool, cache_local: bool,
+                                      kind: str) -> None:
+    assert kind_of(setting, installed, cache_local) == kind
+
+
+@pytest.mark.parametrize(
+    ("cache", "installed", "local"),
+    [
+        pytest.param(CacheSettings(enabled=True, semantic="on"), True, True,
+                     id="semantic on, embedder auto, the extra installed"),
+        pytest.param(CacheSettings(enabled=True, semantic="shadow", embedder="local"), True,
+                     True, id="shadow with the local model"),
+        pytest.param(CacheSettings(enabled=True), True, False, id="semantic off"),
+        pytest.param(CacheSettings(enabled=False, semantic="on"), True, False,
+                     id="the cache off"),
+        pytest.param(CacheSettings(enabled=True, semantic="on", embedder="hashing"), True,
+                     False, id="the hashing embedder"),
+        pytest.param(CacheSettings(enabled=True, semantic="on"), False, False,
+                     id="auto without the extra: hashing"),
+    ],
+)
+def test_whether_the_cache_runs_the_local_model(cache: CacheSettings, installed: bool,
+                                                local: bool) -> None:
+    assert cache_uses_local(cache, installed) is local
 
 
 def test_minilm_without_the_extra_is_a_configuration_error() -> None:

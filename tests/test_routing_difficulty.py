@@ -15,10 +15,13 @@ from routing.difficulty.calibrate import (
     ALWAYS_HARD,
     NEVER_HARD,
     Thresholds,
+    conservative_threshold,
     share_below,
     threshold_for_share,
     thresholds,
+    wilson_upper,
 )
+from routing.difficulty.cues import CUE_NAMES, counts
 from routing.difficulty.evaluate import Confusion, confusion, meeting
 from routing.difficulty.features import CHEAP_NAMES, cheap, hashed
 from routing.difficulty.labelled import read_prompts
@@ -96,13 +99,63 @@ def test_thresholds_under_pressure(limits: Thresholds, pressure: bool, in_force:
     assert limits.in_force(pressure) == in_force
 
 
+MANY = tuple(index / 1000 for index in range(1000))
+
+
 def test_an_alias_threshold_overrides_its_share() -> None:
-    own = thresholds(HARD, max_hard_share=0.1, threshold=0.7, step=0.05,
-                     pressure_max_hard_share=0.2)
-    assert own == Thresholds(base=0.7, step=0.05, ceiling=0.6)
-    shared = thresholds(HARD, max_hard_share=0.1, threshold=None, step=0.05,
-                        pressure_max_hard_share=0.2)
-    assert shared == Thresholds(base=0.4, step=0.05, ceiling=0.6)
+    own = thresholds(MANY, max_hard_share=0.05, threshold=0.7, step=0.05,
+                     pressure_max_hard_share=0.1)
+    assert own.base == 0.7 and own.ceiling == conservative_threshold(MANY, 0.1)
+    shared = thresholds(MANY, max_hard_share=0.05, threshold=None, step=0.05,
+                        pressure_max_hard_share=0.1)
+    assert shared == Thresholds(base=conservative_threshold(MANY, 0.05), step=0.05,
+                                ceiling=conservative_threshold(MANY, 0.1))
+
+
+@pytest.mark.parametrize("share", [0.01, 0.05, 0.1])
+def test_an_alias_calibrates_conservatively(share: float) -> None:
+    # It lets fewer calibration hard prompts through than the share itself would, and as many
+    # as keep the upper confidence bound of the share within it.
+    threshold = conservative_threshold(MANY, share)
+    allowed = round(share_below(MANY, threshold) * len(MANY))
+    assert allowed < threshold_for_share(MANY, share) * len(MANY)
+    assert wilson_upper(allowed, len(MANY)) <= share < wilson_upper(allowed + 1, len(MANY))
+
+
+def test_a_small_calibration_set_sends_none_of_its_hard_prompts_small() -> None:
+    # Ten hard prompts cannot show a 10% share is kept: the threshold sends none of them small.
+    assert conservative_threshold(HARD, 0.1) == HARD[0]
+    assert conservative_threshold((), 0.05) == ALWAYS_HARD
+
+
+def cue(text: str, name: str) -> int:
+    return counts(text.lower())[CUE_NAMES.index(name)]
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "other"),
+    [
+        pytest.param("prove that it halts", "cue_proof", "how can I improve my essay",
+                     id="proof cues are whole words: not inside improve"),
+        pytest.param("is this clause enforceable", "cue_legal", "is jaywalking illegal",
+                     id="legal cues: not inside illegal"),
+        pytest.param("can I take fluconazole with lisinopril", "cue_medical", "see you in April",
+                     id="drug-name endings, not a month"),
+        pytest.param("where do I pay tax as a freelancer", "cue_finance", "a taxi to the airport",
+                     id="finance cues: not inside taxi"),
+        pytest.param("write a compiler", "cue_artifact", "write a haiku",
+                     id="writing a big artifact, not a short text"),
+        pytest.param("what is 3^47 mod 11", "cue_number_operator", "what is 47 in words",
+                     id="numbers with operators"),
+        pytest.param("is 1,000,000,007 prime", "cue_number_operator", "is 1,000 a lot",
+                     id="a long number"),
+        pytest.param("every group of order 15 is cyclic", "cue_math", "is this jacket waterproof",
+                     id="math vocabulary"),
+        pytest.param("hello, thanks!", "cue_easy", "hell", id="greetings and thanks"),
+    ],
+)
+def test_cue_families_match_whole_words(text: str, name: str, other: str) -> None:
+    assert cue(text, name) > 0 and cue(other, name) == 0
 
 
 def test_confusion_counts_each_cell() -> None:
@@ -144,6 +197,7 @@ def test_the_minilm_classifier_needs_the_embedding() -> None:
 
 PROMPTS = read_prompts((DATA / "routing_prompts.jsonl").read_text(encoding="utf-8"))
 ISSUE = read_prompts((DATA / "routing_prompts_issue.jsonl").read_text(encoding="utf-8"))
+HELD_OUT = read_prompts((DATA / "routing_prompts_heldout.jsonl").read_text(encoding="utf-8"))
 
 
 def test_the_labelled_set_is_large_and_balanced_in_every_domain() -> None:
@@ -164,7 +218,9 @@ def test_the_eval_split_is_a_third_of_every_domain_and_label() -> None:
 
 def test_the_held_out_prompts_are_not_in_the_labelled_set() -> None:
     texts = {prompt.text.lower() for prompt in PROMPTS}
-    assert ISSUE and not any(prompt.text.lower() in texts for prompt in ISSUE)
+    for held in (ISSUE, HELD_OUT):
+        assert held and not any(prompt.text.lower() in texts for prompt in held)
+    assert len(HELD_OUT) >= 100 and {prompt.split for prompt in HELD_OUT} == {"eval"}
 
 
 def test_hard_prompts_include_short_ones_and_easy_ones_include_marker_lookalikes() -> None:

@@ -295,3 +295,35 @@ async def test_top_once_fails_with_one_line_when_the_gateway_is_unreachable() ->
 async def test_bad_options_exit_2_naming_the_option(args: list[str], message: str) -> None:
     code, _, err = await top_once("--url", "http://127.0.0.1:9", *args)
     assert code == 2 and message in err
+
+
+def test_each_alias_shows_its_classifier_scores_by_band_over_the_window() -> None:
+    telemetry = Telemetry(TelemetrySettings(access_log_sample_rate=0.0))
+    try:
+        telemetry.small_model_scored("auto", "hard", 0.97)  # before the window
+        first = scrape_of(parse_exposition(telemetry.render_prometheus().decode()), at=1.0)
+        for alias, verdict, value in [("auto", "easy", 0.03), ("auto", "easy", 0.15),
+                                      ("auto", "easy", 0.45), ("auto", "hard", 0.91),
+                                      ("strict", "hard", 0.3)]:
+            telemetry.small_model_scored(alias, verdict, value)
+        window = ScrapeWindow()
+        window.add(first)
+        stats = window.add(scrape_of(parse_exposition(
+            telemetry.render_prometheus().decode()), at=2.0))
+    finally:
+        telemetry.shutdown()
+    auto, strict = stats.scores["auto"], stats.scores["strict"]
+    assert auto.bands == (2.0, 0.0, 1.0, 0.0, 1.0) and auto.scored == 4
+    assert auto.easy_share == pytest.approx(0.75)
+    assert strict.bands == (0.0, 1.0, 0.0, 0.0, 0.0) and strict.easy_share == 0.0
+    text = text_of(Frame("http://gw", (), stats))
+    assert "small-model scores" in text and "0.2–0.4" in text and "≥0.8" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("auto"))
+    cells = [cell for cell in row.split() if cell != "│"]
+    assert cells[1:] == ["4", "2", "0", "1", "0", "1", "75.0%"]
+
+
+def test_no_small_model_alias_no_score_table() -> None:
+    stats = ScrapeWindow().add(scrape(0.0, 0.0))
+    assert not stats.scores
+    assert "small-model scores" not in text_of(Frame("http://gw", (), stats))

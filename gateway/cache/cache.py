@@ -182,6 +182,11 @@ class ResponseCache:
         self._count("miss")
         return Lookup(None, vector, shadow)
 
+    @property
+    def embedder(self) -> Embedder | None:
+        """The semantic tier's question embedder (None: the exact tier only)."""
+        return self._embedder
+
     async def embedding(self, key: CacheKey) -> Vector | None:
         """The question's vector for the semantic tier; None when there is no question, no
         embedder, a request sampled hotter than 0 without a seed, or a question longer than the

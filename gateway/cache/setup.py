@@ -64,6 +64,12 @@ def build_embedder(settings: CacheSettings, api_key: str | None = None) -> Quest
     embedder = build(EmbedderSettings(kind, path=settings.embedder_path,
                                       url=settings.embedder_url or "",
                                       model=settings.embedder_model, api_key=api_key))
+    if kind is Kind.LOCAL:  # shared with small-model routing's classifier: embedded once
+        from gateway.cache.embedders.local import LocalEmbedder
+        from gateway.cache.embedders.remembered import Remembered
+
+        assert isinstance(embedder, LocalEmbedder)
+        return Questions(Remembered(embedder))
     return Questions(embedder)
 
 

@@ -5,6 +5,12 @@ hard prompts' scores (ascending), the threshold for a share s is the score of th
 rank floor(s * n): the floor(s * n) lowest-scored ones fall below it, ties at it do not, so at
 most that share is sent small.
 
+An alias's own thresholds are calibrated conservatively (`conservative_threshold`): the share is
+read as a bound on the hard prompts the alias has not seen, so the threshold lets through only
+as many of the calibration set's hard prompts as keep the upper end of a one-sided 95% Wilson
+interval of that share within s. Of 300 calibration hard prompts and s = 5%, that is 8 (2.7%),
+not 15: the calibration set is finite, and prompts from elsewhere score differently.
+
 Under pressure on the large pool the threshold in force rises by the alias's step, but never
 past its ceiling: the threshold of the most hard prompts the alias may ever send small (and
 never below its own base threshold).
@@ -27,6 +33,35 @@ def threshold_for_share(hard_scores: Sequence[float], share: float) -> float:
         return ALWAYS_HARD
     allowed = math.floor(share * len(hard_scores) + 1e-9)
     if allowed >= len(hard_scores):
+        return NEVER_HARD
+    return hard_scores[allowed]
+
+
+CONFIDENCE_Z = 1.645  # one-sided 95%
+
+
+def wilson_upper(count: int, total: int, z: float = CONFIDENCE_Z) -> float:
+    """The upper end of the Wilson score interval of the share `count` / `total`."""
+    if total <= 0:
+        return 1.0
+    share = count / total
+    centre = share + z * z / (2 * total)
+    spread = z * math.sqrt(share * (1 - share) / total + z * z / (4 * total * total))
+    return min(1.0, (centre + spread) / (1 + z * z / total))
+
+
+def conservative_threshold(hard_scores: Sequence[float], share: float,
+                           z: float = CONFIDENCE_Z) -> float:
+    """The highest threshold sending so few of `hard_scores` (ascending) small that the upper
+    Wilson bound of the share stays within `share`; when even none is too many for the bound
+    (a small calibration set), the threshold sending none of them small."""
+    if not hard_scores:
+        return ALWAYS_HARD
+    total = len(hard_scores)
+    allowed = 0
+    while allowed < total and wilson_upper(allowed + 1, total, z) <= share + 1e-12:
+        allowed += 1
+    if allowed >= total:
         return NEVER_HARD
     return hard_scores[allowed]
 
@@ -56,8 +91,9 @@ class Thresholds:
 def thresholds(hard_scores: Sequence[float], *, max_hard_share: float, threshold: float | None,
                step: float, pressure_max_hard_share: float) -> Thresholds:
     """An alias's thresholds: its own `threshold` when set, else the one meeting
-    `max_hard_share`; the ceiling is the threshold meeting `pressure_max_hard_share`."""
-    base = threshold if threshold is not None else threshold_for_share(hard_scores,
-                                                                        max_hard_share)
+    `max_hard_share` conservatively; the ceiling is the one meeting `pressure_max_hard_share`
+    (conservatively too)."""
+    base = threshold if threshold is not None else conservative_threshold(hard_scores,
+                                                                           max_hard_share)
     return Thresholds(base=base, step=step,
-                      ceiling=threshold_for_share(hard_scores, pressure_max_hard_share))
+                      ceiling=conservative_threshold(hard_scores, pressure_max_hard_share))

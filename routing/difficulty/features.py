@@ -14,11 +14,13 @@ import math
 import re
 import zlib
 
+from routing.difficulty.cues import CUE_NAMES, FIRST_PERSON, counts
+
 HASHED_DIMENSIONS = 2048
 CHEAP_NAMES = (
     "log_chars", "log_words", "digit_share", "log_operators", "log_longest_number",
     "log_code_marks", "question_mark", "wh_question", "imperative", "non_ascii_share",
-    "log_lines",
+    "log_lines", *CUE_NAMES, "first_person",
 )  # fmt: skip
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -53,18 +55,21 @@ def cheap(text: str) -> tuple[float, ...]:
     first = tokens[0] if tokens else ""
     non_ascii = sum(not ch.isascii() for ch in text)
     stripped = text.rstrip()
+    lowered = text.lower()
     return (
         math.log1p(chars),
         math.log1p(len(tokens)),
         digits / chars if chars else 0.0,
-        math.log1p(len(_OPERATOR.findall(text.lower()))),
+        math.log1p(len(_OPERATOR.findall(lowered))),
         math.log1p(longest),
-        math.log1p(len(_CODE_MARK.findall(text.lower()))),
+        math.log1p(len(_CODE_MARK.findall(lowered))),
         1.0 if stripped.endswith(("?", "？")) else 0.0,
         1.0 if first in _WH else 0.0,
         1.0 if first in _IMPERATIVE else 0.0,
         non_ascii / chars if chars else 0.0,
         math.log1p(text.count("\n")),
+        *(math.log1p(count) for count in counts(lowered)),
+        math.log1p(len(FIRST_PERSON.findall(lowered))),
     )
 
 
