@@ -196,7 +196,7 @@ def test_the_minilm_classifier_needs_the_embedding() -> None:
 
 
 PROMPTS = read_prompts((DATA / "routing_prompts.jsonl").read_text(encoding="utf-8"))
-ISSUE = read_prompts((DATA / "routing_prompts_issue.jsonl").read_text(encoding="utf-8"))
+ISSUE = read_prompts((DATA / "routing_prompts_reported.jsonl").read_text(encoding="utf-8"))
 HELD_OUT = read_prompts((DATA / "routing_prompts_heldout.jsonl").read_text(encoding="utf-8"))
 
 
