@@ -82,6 +82,10 @@ def tokenize(text: str) -> list[Token]:
     return tokens
 
 
+def is_hyphenated(low: str) -> bool:
+    return _HYPHENATED.match(low) is not None
+
+
 def is_identifier(raw: str) -> bool:
     word = re.sub(r"['’]s$", "", raw.rstrip(".:"))
     if not word or _HYPHENATED.match(word) or _ABBREVIATION.match(word) or _ORDINAL.match(word):
