@@ -89,7 +89,7 @@ def figures(similarities: dict[str, list[float]], embedder: str, split: str
     chosen = [index for index, pair in enumerate(PAIRS) if split in ("all", pair.split)]
     rows = evaluation.scored([PAIRS[index] for index in chosen],
                              [similarities[embedder][index] for index in chosen])
-    threshold = choice.THRESHOLDS[choice.Kind(embedder)]
+    threshold = choice.THRESHOLDS[choice.resolve(embedder, True)]
     return {row.kind: row for row in evaluation.evaluate(rows, threshold)}
 
 
@@ -140,7 +140,7 @@ def test_on_the_set_written_apart_from_the_guard_no_near_miss_is_served(embedder
     model = LocalEmbedder() if embedder == "local" else HashingEmbedder()
     rows = evaluation.scored(FRESH, asyncio.run(evaluation.similarities(model, FRESH)))
     report = {row.kind: row for row in evaluation.evaluate(
-        rows, choice.THRESHOLDS[choice.Kind(embedder)])}
+        rows, choice.THRESHOLDS[choice.resolve(embedder, True)])}
     assert report["all"].false_hits == 0, [
         row.kind for row in report.values() if row.false_hits]
     assert report["surface"].recall is not None and report["surface"].recall >= 0.5

@@ -275,8 +275,8 @@ def test_the_remote_embedder_needs_its_url() -> None:
 
 
 @pytest.mark.parametrize("name", ["local", "minilm"])
-def test_the_local_model_answers_to_its_own_name_too(name: str) -> None:
-    assert CacheSettings.model_validate({"embedder": name}).embedder == "local"
+def test_the_local_model_is_minilm_and_answers_to_local_too(name: str) -> None:
+    assert CacheSettings.model_validate({"embedder": name}).embedder == "minilm"
 
 
 def test_the_defaults_are_semantic_off_and_temperature_zero() -> None:
