@@ -2,9 +2,10 @@
 
 `resolve(setting, local_installed)` is the pure decision: `auto` is the local model (`minilm`,
 also read as `local`) when the `kvgate[semantic]` extra is installed, else hashing; `minilm`
-without the extra is a configuration error (asked for by name, it is not silently replaced); `hashing` and `openai`
-are themselves. `local_installed()` looks for the extra's packages without importing them (an
-import of onnxruntime costs a noticeable fraction of a second). `build` makes the embedder.
+without the extra is a configuration error (asked for by name, it is not silently replaced);
+`hashing` and `openai` are themselves. `local_installed()` looks for the extra's packages
+without importing them (an import of onnxruntime costs a noticeable fraction of a second).
+`build` makes the embedder.
 """
 
 from __future__ import annotations
