@@ -179,7 +179,7 @@ def test_a_plural_is_read_by_its_singular(plural: str, singular: str) -> None:
 def test_the_count_reads_the_noun_a_determiner_or_quantifier_opens() -> None:
     one, many = guard_roles.counted("kill a child process and all zombie threads".split())
     assert one == {"process"} and many == {"thread"}
-    assert guard_roles.counted("read a users guide".split()) == ({"guide"}, frozenset())
+    assert guard_roles.counted("read a users guide".split()) == (frozenset({"guide"}), frozenset())
 
 
 def test_exchanged_actors_are_named_and_anything_else_is_not() -> None:
