@@ -49,6 +49,7 @@ KINDS = ("code", "quoted", "number", "date", "unit", "negation", "direction", "e
 
 REPLACED_WORDS = 2  # the longest run of content words read as a replacement, and the
 # fewest words around it (the same in both) for two
+_WORD = re.compile(r"\w+")
 ROOT = 5  # letters two words share at the start when they are of one root
 
 # Each word stem of the list of opposites, to the stems of its opposites.
@@ -110,7 +111,7 @@ def features(text: str) -> Question:
         code=frozenset(code), quoted=frozenset(quoted), numbers=read.numbers_of(text, lows),
         dates=read.dates_of(tokens), units=units, conversions=conversions, negations=sum(
             low in words.NEGATIONS for low in lows),
-        words=frozenset(part for low in lows for part in re.findall(r"\w+", low)) | set(lows),
+        words=frozenset(part for low in lows for part in _WORD.findall(low)) | set(lows),
         pairs=read.directional_pairs(lows), entities=read.entities_of(tokens),
         script=read.script_of(text),
         language=read.language_of(lows), languages=frozenset(

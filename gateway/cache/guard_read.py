@@ -32,6 +32,13 @@ _DEGREES = re.compile(r"°\s*([CF])\b")
 _DATA_UNIT = re.compile(r"([kmgtpKMGTP]i?)([bB])(its?|ytes?|ps|/s)?")
 _ABBREVIATION = re.compile(r"^(?:[^\W\d_]\.){2,}$|^(?:[^\W\d_]\.)+[^\W\d_]$")
 _ORDINAL = re.compile(r"^\d+(?:st|nd|rd|th|s)$")
+_COUNTED = re.compile(r"(\d+(?:[.,]\d+)*)(?:st|nd|rd|th|s)?")
+_CLITIC = re.compile(r"'(?:s|re|ve|ll|m|d)$|'$")
+_POSSESSIVE = re.compile(r"['’]s$")
+_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_LETTERS = re.compile(r"[^\W\d_]+")
+_WHO = words.NOVICE | words.EXPERT
+_SEASON_OPENERS = words.RELATIVE | {"the", "in"}
 _SCRIPTS = (("CYRILLIC", "cyrillic"), ("GREEK", "greek"),
             ("ARABIC", "arabic"), ("HEBREW", "hebrew"), ("HIRAGANA", "japanese"),
             ("KATAKANA", "japanese"), ("CJK", "han"), ("HANGUL", "hangul"),
@@ -52,7 +59,7 @@ def content_word(low: str) -> str:
     "not", else its stem; so "tenth" is "10th" and "km" is "kilometres" here too."""
     if low in words.NUMBER_WORDS:
         return str(words.NUMBER_WORDS[low])
-    number = re.fullmatch(r"(\d+(?:[.,]\d+)*)(?:st|nd|rd|th|s)?", low)
+    number = _COUNTED.fullmatch(low)
     if number:
         return canonical_number(number.group(1))
     if low in words.NEGATIONS:
@@ -77,7 +84,7 @@ def tokenize(text: str) -> list[Token]:
             if low.endswith("n't"):
                 tokens.extend((Token(raw, low[:-3], kind), Token(raw, "not", kind)))
                 continue
-            low = re.sub(r"'(?:s|re|ve|ll|m|d)$|'$", "", low)
+            low = _CLITIC.sub("", low)
         tokens.append(Token(raw, low, kind))
     return tokens
 
@@ -87,7 +94,7 @@ def is_hyphenated(low: str) -> bool:
 
 
 def is_identifier(raw: str) -> bool:
-    word = re.sub(r"['’]s$", "", raw.rstrip(".:"))
+    word = _POSSESSIVE.sub("", raw.rstrip(".:"))
     if not word or _HYPHENATED.match(word) or _ABBREVIATION.match(word) or _ORDINAL.match(word):
         return False
     if word.replace(".", "").replace(",", "").isdigit():
@@ -120,7 +127,7 @@ def numbers_of(text: str, lows: list[str]) -> frozenset[str]:
 
 def canonical_number(number: str) -> str:
     """Thousands separators dropped ("1,000"), a decimal comma read as a point ("1,5")."""
-    if re.fullmatch(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?", number):
+    if _THOUSANDS.fullmatch(number):
         number = number.replace(",", "")
     number = number.replace(",", ".")
     whole, _, fraction = number.partition(".")
@@ -143,7 +150,7 @@ def dates_of(tokens: list[Token]) -> frozenset[str]:
         elif low in words.TIME_WORDS:
             found.add(low)
         elif low in words.SEASON_ALIASES and index and lows[index - 1] in (
-                words.RELATIVE | {"the", "in"}):
+                _SEASON_OPENERS):
             found.add(words.SEASON_ALIASES[low])
         if low in words.RELATIVE and index + 1 < len(lows):
             following = lows[index + 1]
@@ -266,9 +273,9 @@ def entities_of(tokens: list[Token]) -> frozenset[str]:
         inner_capital = any(char.isupper() for char in raw[1:])
         opens = index == 0 or tokens[index - 1].low in SENTENCE_END
         if inner_capital or (raw[0].isupper() and not opens):
-            if token.low in words.STOPWORDS or token.low in words.NOVICE | words.EXPERT:
+            if token.low in words.STOPWORDS or token.low in _WHO:
                 continue
-            found.update(part for part in re.findall(r"[^\W\d_]+", token.low) if len(part) > 1)
+            found.update(part for part in _LETTERS.findall(token.low) if len(part) > 1)
     return frozenset(found)
 
 

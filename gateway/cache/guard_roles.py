@@ -41,6 +41,7 @@ SYMMETRIC = frozenset({"far", "distance", "apart"})  # "how far is X from Y" hol
 COMPARING = frozenset({"difference", "differences", "differ", "differs", "between", "compare",
                        "comparison", "versus", "vs", "similar", "same", "like", "unlike"})
 _PLURAL_ENDS = ("sses", "shes", "ches", "xes", "zes")
+_WORDLIKE = re.compile(r"\w")
 _SYMMETRIC = frozenset(read.content_word(word) for word in SYMMETRIC)
 _COMPARING = frozenset(read.content_word(word) for word in COMPARING) | {"&"}
 
@@ -98,7 +99,7 @@ def actors(lows: Sequence[str]) -> tuple[str, ...]:
             found.append(PERSONS[low])
         elif low in COORDINATORS:
             found.append("&")
-        elif low in words.STOPWORDS or not re.match(r"\w", low):
+        elif low in words.STOPWORDS or not _WORDLIKE.match(low):
             continue
         else:
             found.extend(read.content_word(part) for part in low.split("-") if part)
