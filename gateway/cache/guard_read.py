@@ -140,10 +140,9 @@ def dates_of(tokens: list[Token]) -> frozenset[str]:
     lows = [token.low for token in tokens]
     for index, token in enumerate(tokens):
         low = token.low
-        near_number = any(0 <= other < len(lows) and lows[other][:1].isdigit()
-                          for other in (index - 1, index + 1))
-        if low in words.MONTHS and (low not in words.AMBIGUOUS_MONTHS or near_number
-                                    or (token.raw[:1].isupper() and index > 0)):
+        if low in words.MONTHS and (low not in words.AMBIGUOUS_MONTHS or any(
+                0 <= other < len(lows) and lows[other][:1].isdigit()
+                for other in (index - 1, index + 1)) or (token.raw[:1].isupper() and index > 0)):
             found.add(words.MONTHS[low])
         elif low in words.WEEKDAYS:
             found.add(words.WEEKDAYS[low])
@@ -270,7 +269,7 @@ def entities_of(tokens: list[Token]) -> frozenset[str]:
         if token.kind != "word" or not token.raw[:1].isalpha() or len(token.low) < 2:
             continue
         raw = token.raw
-        inner_capital = any(char.isupper() for char in raw[1:])
+        inner_capital = raw[1:] != raw[1:].lower()
         opens = index == 0 or tokens[index - 1].low in SENTENCE_END
         if inner_capital or (raw[0].isupper() and not opens):
             if token.low in words.STOPWORDS or token.low in _WHO:
