@@ -38,11 +38,15 @@ _POSSESSIVE = re.compile(r"['’]s$")
 _THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _LETTERS = re.compile(r"[^\W\d_]+")
 _WHO = words.NOVICE | words.EXPERT
+_LIKE_A_CHILD = re.compile(r"\blike i (?:am|m)?\s*(?:a |an )?(?:\d+|five|young|child|kid)\b")
+_AUDIENCE_PHRASE = re.compile(r"\b(?:like i(?: am)?|as an?|to an?|to my|for an?|for my)\s+"
+                              r"((?:[\w-]+\s+){0,2}[\w-]+)")
 _SEASON_OPENERS = words.RELATIVE | {"the", "in"}
 _SCRIPTS = (("CYRILLIC", "cyrillic"), ("GREEK", "greek"),
             ("ARABIC", "arabic"), ("HEBREW", "hebrew"), ("HIRAGANA", "japanese"),
             ("KATAKANA", "japanese"), ("CJK", "han"), ("HANGUL", "hangul"),
             ("DEVANAGARI", "devanagari"), ("THAI", "thai"), ("LATIN", "latin"))
+WORDS_KEPT = 65_536  # words whose readings are kept (a few MB)
 SENTENCE_END = frozenset(".?!:;¿¡(")
 CONTEXT_WORDS = 3  # content words read on each side of a directional word
 
@@ -54,6 +58,7 @@ class Token:
     kind: str  # arrow, word, sym, punct
 
 
+@lru_cache(maxsize=WORDS_KEPT)  # pure: a word read once per process, mostly
 def content_word(low: str) -> str:
     """A word as the other checks read it: a number its value, a unit its name, a negation
     "not", else its stem; so "tenth" is "10th" and "km" is "kilometres" here too."""
@@ -93,6 +98,7 @@ def is_hyphenated(low: str) -> bool:
     return _HYPHENATED.match(low) is not None
 
 
+@lru_cache(maxsize=WORDS_KEPT)  # pure: a word read once per process, mostly
 def is_identifier(raw: str) -> bool:
     word = _POSSESSIVE.sub("", raw.rstrip(".:"))
     if not word or _HYPHENATED.match(word) or _ABBREVIATION.match(word) or _ORDINAL.match(word):
@@ -185,6 +191,7 @@ def units_of(tokens: list[Token]) -> tuple[frozenset[str], frozenset[tuple[str, 
     return frozenset(name for name, _ in named), frozenset(conversions)
 
 
+@lru_cache(maxsize=WORDS_KEPT)  # pure: a word read once per process, mostly
 def unit_of(raw: str, low: str) -> tuple[str, str] | None:
     """The unit `low` spells (its singular form and canonical name), or None. A data unit is
     bytes with a capital B ("MB", "MBps"), bits with a small b after a capital ("Mb", "Mbps"),
@@ -208,6 +215,7 @@ def unit_of(raw: str, low: str) -> tuple[str, str] | None:
     return low, prefix + size + ("/s" if rest in ("ps", "/s") else "")
 
 
+@lru_cache(maxsize=WORDS_KEPT)  # pure: a word read once per process, mostly
 def word_stem(word: str) -> str:
     """A crude stem, enough to match inflections of one word ("declining", "declined",
     "declines" and "decline"), never to merge two words."""
@@ -303,9 +311,17 @@ def _char_script(char: str) -> str:
     return "other"
 
 
+_LANGUAGES_OF: dict[str, tuple[str, ...]] = {}  # a function word -> the languages it is of
+for _code, _vocabulary in words.LANGUAGE_WORDS.items():
+    for _word in _vocabulary:
+        _LANGUAGES_OF[_word] = (*_LANGUAGES_OF.get(_word, ()), _code)
+
+
 def language_of(lows: list[str]) -> str:
-    scores = {code: sum(low in vocabulary for low in lows)
-              for code, vocabulary in words.LANGUAGE_WORDS.items()}
+    scores = dict.fromkeys(words.LANGUAGE_WORDS, 0)
+    for low in lows:
+        for code in _LANGUAGES_OF.get(low, ()):
+            scores[code] += 1
     ranked = sorted(scores.items(), key=lambda item: -item[1])
     (best, top), (_, second) = ranked[0], ranked[1]
     return best if top >= 2 and top > second else ""
@@ -319,14 +335,16 @@ def audience_of(lows: list[str]) -> frozenset[str]:
             if stem in members:
                 found.add(name)
                 break
+    explaining = not words.AUDIENCE_VERBS.isdisjoint(lows)
+    likening = "like" in lows
+    if not (explaining or likening):  # no audience phrase to read
+        return frozenset(found)
     joined = " ".join(lows)
-    if re.search(r"\blike i (?:am|m)?\s*(?:a |an )?(?:\d+|five|young|child|kid)\b", joined):
+    if likening and _LIKE_A_CHILD.search(joined):
         found.add("novice")
-    explaining = any(low in words.AUDIENCE_VERBS for low in lows)
-    if explaining and any(low in words.PLAIN for low in lows):
+    if explaining and not words.PLAIN.isdisjoint(lows):
         found.add("novice")
-    for match in re.finditer(r"\b(?:like i(?: am)?|as an?|to an?|to my|for an?|for my)\s+"
-                             r"((?:[\w-]+\s+){0,2}[\w-]+)", joined):
+    for match in _AUDIENCE_PHRASE.finditer(joined):
         if explaining or match.group().startswith("like"):
             phrase = _audience_phrase(match.group(1))
             if phrase:
