@@ -130,9 +130,9 @@ class CacheSettings(_Section):
     # on: served, each hit having passed the near-miss guard (gateway/cache/guard.py).
     semantic: Literal["off", "shadow", "on"] = "off"
     # auto: the local model when `kvgate[semantic]` is installed, else hashing (surface variants
-    # only); hashing; local or minilm (all-MiniLM-L6-v2 on onnxruntime); openai (a /v1/embeddings
-    # endpoint).
-    embedder: Literal["auto", "hashing", "local", "openai"] = "auto"
+    # only); minilm (all-MiniLM-L6-v2 on onnxruntime; `local` is read as minilm); openai (a
+    # /v1/embeddings endpoint); hashing.
+    embedder: Literal["auto", "minilm", "openai", "hashing"] = "auto"
     embedder_path: Path | None = None  # local: another copy of the model files (same sha256)
     embedder_url: str | None = None  # openai: the endpoint or its base URL
     embedder_model: str = ""  # openai: the embedding model's name
@@ -162,8 +162,8 @@ class CacheSettings(_Section):
     @field_validator("embedder", mode="before")
     @classmethod
     def _embedder_name(cls, value: object) -> object:
-        """`minilm` names the local model (all-MiniLM-L6-v2) by what it is."""
-        return "local" if value == "minilm" else value
+        """`local`, the local model's earlier name, still reads: it is `minilm`."""
+        return "minilm" if value == "local" else value
 
     @field_validator("redis_url")
     @classmethod

@@ -4,6 +4,8 @@ whether a semantic hit ever answers another question.
     python -m loadtest.bench_cache [--requests 400] [--questions 100] [--paraphrase-share 0.3]
         [--zipf 1.1] [--concurrency 8] [--max-tokens 48] [--backends 2] [--time-scale 1]
         [--stores off,memory,redis] [--seed 0] [--lookups 2000] [--json FILE] [--no-record]
+        [--search-sizes 10000,50000] [--search-lookups 300] [--embed-runs 30]
+        [--exact-lookups 1000] [--cpu-rounds 5] [--cpu-requests 90] [--no-targets]
 
 Part 1, live: `kvgate serve` in front of --backends simulators, in this process on loopback, gets
 the same --requests streamed chats once per store (`off` is the cache turned off), --concurrency
@@ -17,6 +19,14 @@ text is keyed by the prompt, so an answer's text names the question it was writt
 
 Part 2, in-process: the cost of one lookup (exact hit, semantic hit, miss) against a store
 holding --lookups entries, per store, with the built-in embedder.
+
+Part 3, the semantic tier's targets, on one core (loadtest/cache_costs.py, cache_cpu.py):
+semantic search p99 at most 2 ms among 10,000 entries of one namespace and 10 ms among 50,000,
+beyond the embedding (the local model's own cost per prompt of 8, 50 and 200 words beside it);
+an exact hit's p99 at most 1 ms over a loopback redis-server; with the hashing embedder, the
+gateway's CPU per request on a miss with the semantic tier on at most 1.3 times that with it
+off (two `kvgate serve` processes side by side, rounds interleaved, CPU from /proc). Printed
+against the targets; `--no-targets` skips the part.
 
 Redis runs are skipped, with a note, when `redis-server` is not installed; the server is started
 on a free loopback port and stopped by this script. The tables go to
@@ -39,14 +49,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.cache.answer import CachedAnswer
-from gateway.cache.cache import ResponseCache
-from gateway.cache.embed import HashingEmbedder
-from gateway.cache.keys import CacheKey
-from gateway.cache.redis_store import RedisStore
-from gateway.cache.store import CacheStore, Entry, MemoryStore
 from gateway.config import Settings
 from gateway.serve import running_gateway
+from loadtest.cache_costs import lookup_costs, measure_targets
 from loadtest.redis_server import redis_available, running_redis
 from loadtest.results import Table, add_arguments, command, save
 from loadtest.sim.launch import running_sim
@@ -221,56 +226,6 @@ def _pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def lookup_costs(store_name: str, entries: int, rounds: int = 500) -> dict[str, float]:
-    """Microseconds per lookup, by result, against a store of `entries` answers in 8
-    namespaces (so a semantic lookup compares up to `max_per_namespace` of them)."""
-    embedder = HashingEmbedder()
-    pool = questions(len(TEMPLATES) * len(SUBJECTS))
-    answer = CachedAnswer("chat", "m", "text " * 40, "stop", 20, 40).to_bytes()
-    keys = [_key(f"{pool[i % len(pool)]} (case {i})", namespace=f"ns{i % 8}")
-            for i in range(entries)]
-    async with _store(store_name, entries) as store:
-        cache = ResponseCache(store, embedder, threshold=0.9, timeout_s=5.0)
-        for key in keys:
-            vector = await cache.embedding(key)
-            await store.put(Entry(id=key.id, namespace=f"{embedder.name}/{key.namespace}",
-                                  vector=vector, answer=answer, model="m",
-                                  query=key.query or "", created=time.time()))
-        probes: dict[str, tuple[str | None, list[CacheKey]]] = {
-            "exact hit": ("exact", keys[:rounds]),
-            "semantic hit": ("semantic", [
-                _key(f"  {k.query.lower()} ", namespace=k.namespace, fresh=True)
-                for k in keys[:rounds] if k.query]),
-            "miss": (None, [_key(f"How tall is mountain number {i}?", namespace="ns1",
-                                 fresh=True) for i in range(rounds)]),
-        }
-        costs: dict[str, float] = {}
-        for name, (tier, probe_keys) in probes.items():
-            started = time.perf_counter()
-            for key in probe_keys:
-                found = await cache.lookup(key)
-                if (found.hit.tier if found.hit else None) != tier:
-                    raise AssertionError(f"{store_name}: a {name} probe gave {found.hit}")
-            costs[name] = round((time.perf_counter() - started) / len(probe_keys) * 1e6, 1)
-        await cache.close()
-    return costs
-
-
-def _key(query: str, *, namespace: str, fresh: bool = False) -> CacheKey:
-    """A key whose id is its text (a `fresh` one has no exact entry)."""
-    return CacheKey(id=f"{'fresh:' if fresh else ''}{namespace}:{query}", namespace=namespace,
-                    query=query, model="m", kind="chat", deterministic=True)
-
-
-@asynccontextmanager
-async def _store(name: str, entries: int) -> AsyncIterator[CacheStore]:
-    if name == "memory":
-        yield MemoryStore(max_entries=entries * 2, ttl_s=None)
-        return
-    async with running_redis() as url:
-        yield RedisStore.from_url(url, ttl_s=None)
-
-
 def _quiet(outcome: object) -> None:
     """No access log."""
 
@@ -343,6 +298,12 @@ async def run(args: argparse.Namespace) -> int:
         costs[store] = await lookup_costs(store, args.lookups)
         print(f"  {store:7} " + ", ".join(f"{k} {v:.0f}" for k, v in costs[store].items()))
     results["lookup_us"] = costs
+    target_tables: list[Table] = []
+    if args.targets:
+        results["targets"], target_tables = await measure_targets(args)
+        for table in target_tables:
+            print(f"\n{table.title}\n  " + "\n  ".join(
+                " | ".join(map(str, row)) for row in table.rows))
     if args.json:
         with open(args.json, "wb") as out:
             out.write(orjson.dumps(results, option=orjson.OPT_INDENT_2))
@@ -352,7 +313,7 @@ async def run(args: argparse.Namespace) -> int:
         print(f"FAILED: {failed} requests failed, {false_hits} false hits (nothing recorded)")
         return 1
     save(args, "bench_cache", title="Response cache: work off the backends, cost of a lookup",
-         command=args.command, tables=tables(args, live_results, costs),
+         command=args.command, tables=[*tables(args, live_results, costs), *target_tables],
          notes=f"{args.requests} streamed chats, {args.concurrency} at a time, over "
                f"{args.questions} questions (Zipf {args.zipf:g}), {args.paraphrase_share:.0%} "
                f"reworded; {args.backends} x {DEFAULT_PRESET} simulators at time scale "
@@ -376,6 +337,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lookups", type=int, default=2000)
     parser.add_argument("--json", metavar="FILE", help="also write every figure here")
+    parser.add_argument("--search-sizes", type=lambda s: [int(n) for n in s.split(",")],
+                        default=[10_000, 50_000], help="namespace sizes searched")
+    parser.add_argument("--search-lookups", type=int, default=300)
+    parser.add_argument("--embed-runs", type=int, default=30)
+    parser.add_argument("--exact-lookups", type=int, default=1000)
+    parser.add_argument("--cpu-rounds", type=int, default=5)
+    parser.add_argument("--cpu-requests", type=int, default=90)
+    parser.add_argument("--no-targets", dest="targets", action="store_false")
     add_arguments(parser)
     args = parser.parse_args(argv)
     args.command = command("loadtest.bench_cache", sys.argv[1:] if argv is None else argv)

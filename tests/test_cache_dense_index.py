@@ -146,3 +146,34 @@ def test_the_benchmark_runs() -> None:
     assert bench_embed.main(["--runs", "1", "--lengths", "8", "--sizes", "50", "--lookups", "4",
                              "--sparse-members", "20", "--sparse-lookups", "2",
                              "--no-record"]) == 0
+
+
+def test_a_low_threshold_scores_every_row_and_a_high_one_reads_the_codes_first() -> None:
+    from gateway.cache.dense_index import BITS, cutoff
+
+    assert cutoff(0.5) is None and cutoff(0.0) is None
+    found = [cutoff(threshold) for threshold in (0.85, 0.9, 0.95, 1.0)]
+    assert all(limit is not None and 0 < limit < BITS // 2 for limit in found)
+    assert found == sorted(found, reverse=True)  # the nearer the threshold to 1, the fewer bits
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.8, 0.85, 0.9, 0.97])
+def test_reading_the_codes_first_finds_what_scoring_every_row_finds(threshold: float) -> None:
+    generator = np.random.default_rng(7)
+    rows = generator.normal(size=(3000, 64)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    index = DenseIndex(64, max_members=3000)
+    for number, row in enumerate(rows):
+        index.add(f"m{number}", row, float(number))
+    for spread in (0.02, 0.1, 0.2, 0.3, 1.0):  # from near copies to unrelated queries
+        queries = rows[:40] + spread * generator.normal(size=(40, 64)).astype(np.float32)
+        queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+        for query in queries:
+            scores = rows @ query
+            best = int(np.argmax(scores))
+            expected = (f"m{best}", float(scores[best])) if scores[best] >= threshold else None
+            found = index.best(query, threshold)
+            assert (found is None) == (expected is None), (spread, found, expected)
+            if found is not None and expected is not None:
+                assert found[0] == expected[0] and found[1] == pytest.approx(expected[1],
+                                                                              abs=1e-5)

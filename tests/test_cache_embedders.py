@@ -37,7 +37,8 @@ def model() -> local.MiniLM:
     pytest.param("auto", True, choice.Kind.LOCAL, id="auto is the local model when installed"),
     pytest.param("auto", False, choice.Kind.HASHING, id="auto is hashing without the extra"),
     pytest.param("hashing", True, choice.Kind.HASHING, id="hashing by name"),
-    pytest.param("local", True, choice.Kind.LOCAL, id="local by name"),
+    pytest.param("minilm", True, choice.Kind.LOCAL, id="minilm by name"),
+    pytest.param("local", True, choice.Kind.LOCAL, id="local, its earlier name"),
     pytest.param("openai", False, choice.Kind.OPENAI, id="openai needs no extra"),
 ])
 def test_resolve(setting: str, installed: bool, expected: choice.Kind) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.cache import guard
+from gateway.cache import guard, guard_roles
 
 VETOED = [
     # (kind, new question, cached question)
@@ -62,6 +62,24 @@ VETOED = [
     ("audience", "Explain entropy to a chemist.", "Explain entropy to a child."),
     ("audience", "Explain entropy briefly.", "Explain entropy in detail."),
     ("audience", "Explain entropy in simple terms.", "Explain entropy rigorously."),
+    # a noun counted as one in one question and as many in the other
+    ("number", "How do I move a folder with rsync?", "How do I move several folders with rsync?"),
+    ("number", "How do I revert a migration?", "How do I revert all migrations?"),
+    ("number", "How do I drop a column in SQL?", "How do I drop multiple columns in SQL?"),
+    ("number", "How do I stop a background job?", "How do I stop every background job?"),
+    ("number", "How do I delete a branch?", "How do I delete many branches?"),
+    # two of the same words exchanged: who does what to whom
+    ("direction", "Can my neighbour sue me over a fallen tree?",
+     "Can I sue my neighbour over a fallen tree?"),
+    ("direction", "Why does the kernel signal the process?",
+     "Why does the process signal the kernel?"),
+    ("direction", "Does the teacher grade the student?", "Does the student grade the teacher?"),
+    ("direction", "My cousin lent money to me; what now?", "I lent money to my cousin; what now?"),
+    # two named as alternatives in one, one related to the other in the other
+    ("direction", "Should the buyer or the seller pay the agent?",
+     "Should the buyer pay the seller?"),
+    # one word put in another's place, the two sharing only their opening letters
+    ("entity", "When is a prosecutor required?", "When is a prosecution required?"),
 ]
 
 LET_THROUGH = [
@@ -99,6 +117,18 @@ LET_THROUGH = [
     ("the same negation in other words", "Why can't I sleep?", "Why can not I sleep?"),
     ("the same audience in other words", "Explain DNS for beginners.",
      "Explain DNS to a beginner."),
+    ("a plural that counts nothing", "What is a monad?", "What are monads?"),
+    ("'all' over a plural the other has too", "How do I list all open ports?",
+     "Which command shows the open ports?"),
+    ("one of each", "How do I add a key to a dict?", "How can I add one key to a dict?"),
+    ("a hyphenated compound and its words", "Is dark-roast coffee stronger?",
+     "Is dark roast coffee stronger?"),
+    ("alternatives in either order", "Should I lease or buy a car?",
+     "Is it better to buy or lease a car?"),
+    ("a distance holds both ways", "How far is Leeds from York?", "How far is York from Leeds?"),
+    ("two compared, as alternatives or related", "What is the difference between a mule and a "
+     "hinny?", "How does a mule differ from a hinny?"),
+    ("words of one root", "How do I configure nginx?", "What is the configuration of nginx?"),
 ]
 
 
@@ -136,3 +166,25 @@ def test_identical_texts_and_empty_texts_pass() -> None:
 def test_any_text_is_read_without_error(text: str) -> None:
     guard.features(text)
     guard.veto(text, "What is the capital of France?")
+
+
+@pytest.mark.parametrize(("plural", "singular"), [
+    ("processes", "process"), ("files", "file"), ("queries", "query"), ("boxes", "box"),
+    ("branches", "branch"), ("process", "process"), ("status", "status"), ("analysis", "analysis"),
+])
+def test_a_plural_is_read_by_its_singular(plural: str, singular: str) -> None:
+    assert guard_roles.singular(plural) == singular
+
+
+def test_the_count_reads_the_noun_a_determiner_or_quantifier_opens() -> None:
+    one, many = guard_roles.counted("kill a child process and all zombie threads".split())
+    assert one == {"process"} and many == {"thread"}
+    assert guard_roles.counted("read a users guide".split()) == (frozenset({"guide"}), frozenset())
+
+
+def test_exchanged_actors_are_named_and_anything_else_is_not() -> None:
+    assert guard_roles.exchanged(("dog", "chase", "cat"), ("cat", "chase", "dog")) == (
+        "dog", "cat")
+    assert guard_roles.exchanged(("rent", "&", "buy"), ("buy", "&", "rent")) is None
+    assert guard_roles.exchanged(("dog", "chase", "cat"), ("dog", "chase", "cat")) is None
+    assert guard_roles.exchanged(("a", "b", "c"), ("c", "a", "b")) is None  # moved, not swapped

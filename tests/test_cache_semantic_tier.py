@@ -275,8 +275,8 @@ def test_the_remote_embedder_needs_its_url() -> None:
 
 
 @pytest.mark.parametrize("name", ["local", "minilm"])
-def test_the_local_model_answers_to_its_own_name_too(name: str) -> None:
-    assert CacheSettings.model_validate({"embedder": name}).embedder == "local"
+def test_the_local_model_is_minilm_and_answers_to_local_too(name: str) -> None:
+    assert CacheSettings.model_validate({"embedder": name}).embedder == "minilm"
 
 
 def test_the_defaults_are_semantic_off_and_temperature_zero() -> None:
@@ -327,3 +327,20 @@ async def test_an_embedder_that_raises_costs_the_semantic_tier_not_the_request(
     cache = make_cache(Broken())
     found = await cache.lookup(key_of(cache, QUESTION))
     assert (found.hit, found.vector) == (None, None)
+
+
+def test_the_guard_reads_at_most_three_candidates_a_lookup_and_a_stored_question_once() -> None:
+    from gateway.cache.semantic import MAX_VETTED, Vetting
+    from gateway.cache.store import Entry
+
+    def entry(number: int, question: str) -> Entry:
+        return Entry(id=f"e{number}", namespace="n", vector=None, answer=b"", model="m",
+                     query=question, created=0.0)
+
+    vetting = Vetting()
+    family = [entry(n, f"What is {n} squared?") for n in range(5)]
+    admits = vetting.admits_for("What is 17 squared?")
+    assert [admits(member) for member in family] == [False] * 5
+    assert vetting.vetoes == MAX_VETTED == 3  # the last two were not read
+    again = vetting.admits_for("what is 2 squared")
+    assert again(family[2]) and vetting.features(family[2]) is vetting.features(family[2])

@@ -29,6 +29,9 @@ def test_the_cache_benchmark_moves_work_off_the_backends(tmp_path: Path) -> None
     out = tmp_path / "cache.json"
     code = bench_cache.main(["--requests", "40", "--questions", "10", "--concurrency", "4",
                              "--time-scale", "20", "--lookups", "40", "--stores", stores,
+                             "--search-sizes", "300,600", "--search-lookups", "30",
+                             "--embed-runs", "3", "--exact-lookups", "40", "--cpu-rounds", "2",
+                             "--cpu-requests", "20",
                              "--json", str(out), "--results-dir", str(tmp_path)])
     assert code == 0
     result = json.loads(out.read_text())
@@ -39,9 +42,16 @@ def test_the_cache_benchmark_moves_work_off_the_backends(tmp_path: Path) -> None
     assert memory["backend_tokens"] < off["backend_tokens"]
     assert memory["false_hits"] == 0
     assert set(result["lookup_us"]) == set(stores.split(",")) - {"off"}
-    live, lookups = _record(tmp_path, "bench_cache").tables
+    live, lookups, targets, searches, embedding, cpu = _record(tmp_path, "bench_cache").tables
     assert [row[0] for row in live.rows] == stores.split(",")
     assert [row[0] for row in lookups.rows] == ["memory", "redis"]
+    # The targets: two search sizes, the exact hit, the CPU ratio, each with its figures.
+    assert len(targets.rows) == 4 and all(row[1] > 0 for row in targets.rows)
+    for search in result["targets"]["search"]:  # every probe found what it should
+        assert search["right"] == search["lookups"] == 30
+    assert [row[0] for row in embedding.rows] == [8, 50, 200]
+    assert result["targets"]["cpu"]["hits"] == 0  # every request a miss
+    assert cpu.rows[0][0] > 0 and cpu.rows[0][1] > 0
 
 
 def test_the_small_model_benchmark_sends_the_easy_share_to_the_small_model(

@@ -257,8 +257,6 @@ class ResponseCache:
                       answer=answer.to_bytes(), model=answer.model, query=key.query or "",
                       created=self._wall_clock())
         self._background(self._put(entry))
-        if entry.vector:  # the guard's reading of it, made now rather than on a later lookup
-            self.vetting.features(entry)
 
     def _too_old(self, entry: Entry, max_age_s: float | None) -> bool:
         return max_age_s is not None and self._wall_clock() - entry.created > max_age_s

@@ -6,6 +6,16 @@ higher rank on a tie, then the greater id), members with an empty (zero) vector 
 matched. For an embedding model's vectors, where every member shares every dimension with the
 query, an inverted index saves nothing: one matrix-vector product scores every member at once.
 
+A search reads the whole matrix, which at ten thousand rows of 384 floats is 15 MB: more than a
+core's caches, so the product waits on memory. Each row is therefore also kept as a code of
+`BITS` bits, the signs of its projections on fixed random hyperplanes (SimHash: two vectors at
+angle θ differ in each bit with probability θ/π, independently), four 64-bit words a row. A search
+first takes the members whose code is within `cutoff(threshold)` bits of the query's (the
+expected distance at the threshold plus `SIGMAS` standard deviations: a member at the threshold
+is left out with a probability below one in a billion, one nearer less still) and scores only
+those exactly; a threshold so low that the cutoff would take a large share of every namespace
+scores every row. Either way the scores returned are the exact cosines.
+
 The matrix holds one float32 row per member, in place: it grows by doubling up to
 `max_members` rows (the memory bound: `max_members * dimensions * 4` bytes), and a discarded
 row is filled with the last one, so the live rows stay contiguous. Adding a member to a full
@@ -19,6 +29,7 @@ Pure and synchronous: no clock, no I/O. BLAS is pinned to one thread
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterator
 
 from gateway.cache.embedders.threads import pin_blas_to_one_thread
@@ -29,11 +40,43 @@ import numpy as np  # noqa: E402
 import numpy.typing as npt  # noqa: E402
 
 INITIAL_ROWS = 64
+BITS = 256  # of a row's code
+SIGMAS = 6.0  # the cutoff's margin over the expected code distance at the threshold
+SCAN_ALL_ABOVE = 0.4  # a cutoff this close to half the bits (random vectors'): score every row
+PLANES_SEED = 0x6B76
+
+
+def cutoff(threshold: float, bits: int = BITS) -> int | None:
+    """The most bits a member's code may differ from the query's for it to be scored, or None
+    to score every row (a low threshold: the codes would pass most members anyway)."""
+    share = math.acos(max(-1.0, min(1.0, threshold))) / math.pi
+    limit = bits * share + SIGMAS * math.sqrt(bits * share * (1 - share)) + 1
+    return None if limit >= bits * SCAN_ALL_ABOVE else int(limit)
+
+
+WORDS = BITS // 64  # a code's 64-bit words
+_BYTE_BITS = np.array([bin(value).count("1") for value in range(256)], dtype=np.uint16)
+
+
+def _distances(codes: npt.NDArray[np.uint64], code: npt.NDArray[np.uint64]
+               ) -> npt.NDArray[np.uint16]:
+    """The number of bits each row of `codes` differs from `code` in (word by word: numpy's
+    reductions along a short axis are slow)."""
+    differing = np.bitwise_xor(codes, code)
+    found: npt.NDArray[np.uint16] = np.zeros(len(codes), dtype=np.uint16)
+    for word in range(WORDS):
+        column = differing[:, word]
+        if hasattr(np, "bitwise_count"):  # numpy 2
+            found += np.bitwise_count(column)
+        else:
+            found += _BYTE_BITS[column.view(np.uint8).reshape(-1, 8)].sum(axis=1,
+                                                                          dtype=np.uint16)
+    return found
 
 
 class DenseIndex:
     __slots__ = ("_dimensions", "_max_members", "_matrix", "_ids", "_rows", "_ranks", "_empty",
-                 "_by_rank")
+                 "_by_rank", "_planes", "_codes")
 
     def __init__(self, dimensions: int, *, max_members: int) -> None:
         if dimensions < 1 or max_members < 1:
@@ -48,6 +91,10 @@ class DenseIndex:
         self._ranks: dict[str, float] = {}  # every member's, the empty ones' too
         self._empty: set[str] = set()  # members with a zero vector: never matched
         self._by_rank: list[tuple[float, str]] = []  # a heap, with stale entries: see _lowest
+        self._planes: npt.NDArray[np.float32] = np.random.default_rng(PLANES_SEED).normal(
+            size=(BITS, dimensions)).astype(np.float32)
+        self._codes: npt.NDArray[np.uint64] = np.zeros((self._matrix.shape[0], WORDS),
+                                                       dtype=np.uint64)
 
     @property
     def dimensions(self) -> int:
@@ -92,6 +139,7 @@ class DenseIndex:
         if row == self._matrix.shape[0]:
             self._grow()
         self._matrix[row] = vector
+        self._codes[row] = self._code(vector)
         self._ids.append(id)
         self._rows[id] = row
         return evicted
@@ -107,6 +155,7 @@ class DenseIndex:
         if row != last:
             moved = self._ids[last]
             self._matrix[row] = self._matrix[last]
+            self._codes[row] = self._codes[last]
             self._ids[row] = moved
             self._rows[moved] = row
         self._ids.pop()
@@ -117,13 +166,24 @@ class DenseIndex:
         rank on a tie, then the greater id), leaving out those `skip` names; None when none."""
         if not self._ids or not query.any():
             return None
-        scores = self._matrix[:len(self._ids)] @ query.astype(np.float32, copy=False)
-        rows = np.flatnonzero(scores >= threshold)
+        query = query.astype(np.float32, copy=False)
+        count = len(self._ids)
+        limit = cutoff(threshold)
+        if limit is None:
+            scores = self._matrix[:count] @ query
+            rows = np.flatnonzero(scores >= threshold)
+            found = scores[rows]
+        else:
+            near = np.flatnonzero(_distances(self._codes[:count], self._code(query)) <= limit)
+            found = self._matrix[near] @ query
+            keep = found >= threshold
+            rows, found = near[keep], found[keep]
         if rows.size == 0:
             return None
         ranks = self._ranks
         ids = self._ids
-        ordered = sorted(((float(scores[row]), ranks[ids[row]], ids[row]) for row in rows),
+        ordered = sorted(((float(score), ranks[ids[row]], ids[row])
+                          for row, score in zip(rows.tolist(), found.tolist(), strict=True)),
                          reverse=True)
         for score, _, id in ordered:
             if skip is None or not skip(id):
@@ -139,8 +199,15 @@ class DenseIndex:
                 return id
             heapq.heappop(self._by_rank)
 
+    def _code(self, vector: npt.NDArray[np.float32]) -> npt.NDArray[np.uint64]:
+        """The signs of `vector`'s projections on the hyperplanes, packed into 64-bit words."""
+        return np.packbits(self._planes @ vector > 0).view(np.uint64)
+
     def _grow(self) -> None:
         rows = min(self._matrix.shape[0] * 2, self._max_members)
         grown = np.zeros((rows, self._dimensions), dtype=np.float32)
         grown[:len(self._ids)] = self._matrix[:len(self._ids)]
         self._matrix = grown
+        codes = np.zeros((rows, WORDS), dtype=np.uint64)
+        codes[:len(self._ids)] = self._codes[:len(self._ids)]
+        self._codes = codes

@@ -1,6 +1,6 @@
 """`kvgate cache eval`: the semantic tier's precision and recall on labelled question pairs.
 
-    kvgate cache eval [--data FILE] [--embedder auto|hashing|local|openai] [--threshold T]
+    kvgate cache eval [--data FILE] [--embedder auto|minilm|openai|hashing] [--threshold T]
                       [--split all|dev|holdout] [--no-guard] [--url URL --model NAME]
 
 Prints one row per kind of pair at the threshold (the embedder's own unless given), then the
@@ -25,7 +25,7 @@ def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     sub.add_argument("--data", type=Path, default=None, metavar="FILE",
                      help="JSON lines of pairs (default: the project's tests/data set)")
     sub.add_argument("--embedder", default="auto",
-                     help="auto (default), hashing, local or openai")
+                     help="auto (default), minilm (or local), openai or hashing")
     sub.add_argument("--threshold", type=float, default=None, metavar="T",
                      help="cosine for a hit (default: the embedder's)")
     sub.add_argument("--split", default="all", choices=("all", "dev", "holdout"),

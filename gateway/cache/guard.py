@@ -23,8 +23,12 @@ What is compared, in order (each a `Veto.kind`):
 - negation: how many negating words each has ("not", "never", "without", "avoid", ...), and
   antonyms: a word in one and its opposite in the other, by a polar prefix of one stem
   ("legal"/"illegal", "encrypt"/"decrypt") or a list of opposites ("best"/"worst");
+- number, again: a noun counted as one in one question and as many in the other ("a file",
+  "multiple files"; guard_roles.py);
 - direction: the named things on either side of a directional word (to, into, from, vs, than,
-  over, arrows) swapped between the two;
+  over, arrows) swapped between the two, unless the relation holds both ways ("how far");
+  two of the same words exchanged ("my landlord owes me" vs "I owe my landlord"), or two
+  named as alternatives in one and related in the other (guard_roles.py);
 - entity: a capitalised or upper-case name in one that the other does not contain, or one or
   two content words put in others' place with everything else the same ("vegan"/"vegetarian").
 The readers of each are in gateway/cache/guard_read.py, their word lists in guard_words.py.
@@ -37,6 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.cache import guard_read as read
+from gateway.cache import guard_roles as roles
 from gateway.cache import guard_words as words
 
 KINDS = ("code", "quoted", "number", "date", "unit", "negation", "direction", "entity",
@@ -44,6 +49,7 @@ KINDS = ("code", "quoted", "number", "date", "unit", "negation", "direction", "e
 
 REPLACED_WORDS = 2  # the longest run of content words read as a replacement, and the
 # fewest words around it (the same in both) for two
+_WORD = re.compile(r"\w+")
 ROOT = 5  # letters two words share at the start when they are of one root
 
 # Each word stem of the list of opposites, to the stems of its opposites.
@@ -79,6 +85,8 @@ class Question:
     languages: frozenset[str]  # the languages it names
     audience: frozenset[str]
     content: tuple[str, ...]  # the content words in order, stemmed
+    counts: tuple[frozenset[str], frozenset[str]]  # nouns counted as one, and as many
+    actors: tuple[str, ...]  # content words and persons in order (guard_roles.actors)
 
 
 def veto(new: str, cached: str) -> Veto | None:
@@ -103,14 +111,21 @@ def features(text: str) -> Question:
         code=frozenset(code), quoted=frozenset(quoted), numbers=read.numbers_of(text, lows),
         dates=read.dates_of(tokens), units=units, conversions=conversions, negations=sum(
             low in words.NEGATIONS for low in lows),
-        words=frozenset(part for low in lows for part in re.findall(r"\w+", low)) | set(lows),
+        words=frozenset(part for low in lows for part in _WORD.findall(low)) | set(lows),
         pairs=read.directional_pairs(lows), entities=read.entities_of(tokens),
         script=read.script_of(text),
         language=read.language_of(lows), languages=frozenset(
             words.LANGUAGE_NAMES[low] for low in lows if low in words.LANGUAGE_NAMES),
         audience=read.audience_of(lows), content=tuple(
-            read.content_word(token.low) for token in tokens
-            if token.kind in ("word", "sym") and token.low not in words.STOPWORDS))
+            read.content_word(part) for token in tokens
+            if token.kind in ("word", "sym") and token.low not in words.STOPWORDS
+            for part in _parts(token.low)),
+        counts=roles.counted(lows), actors=roles.actors(lows))
+
+
+def _parts(low: str) -> list[str]:
+    """A hyphenated word's parts ("cold-brew" as "cold brew"), any other word itself."""
+    return [part for part in low.split("-") if part] if read.is_hyphenated(low) else [low]
 
 
 def compare(new: Question, cached: Question) -> Veto | None:
@@ -131,14 +146,26 @@ def compare(new: Question, cached: Question) -> Veto | None:
     for first, second in new.conversions:  # "Celsius in Fahrenheit" vs "Fahrenheit in Celsius"
         if (second, first) in cached.conversions and (first, second) not in cached.conversions:
             return Veto("unit", f"{first} -> {second} vs {second} -> {first}")
+    counts = roles.count_differs(new.counts, cached.counts)
+    if counts:
+        return Veto("number", counts)
     if new.negations != cached.negations:
         return Veto("negation", f"{new.negations} negations vs {cached.negations}")
     opposite = _antonyms(new.words - cached.words, cached.words - new.words)
     if opposite:
         return Veto("negation", f"{opposite[0]} vs {opposite[1]}")
-    swapped = _swapped(new.pairs, cached.pairs) or _swapped(cached.pairs, new.pairs)
+    symmetric = roles.symmetric(new.actors) and roles.symmetric(cached.actors)
+    swapped = None if symmetric else (_swapped(new.pairs, cached.pairs)
+                                      or _swapped(cached.pairs, new.pairs))
     if swapped:
         return Veto("direction", swapped)
+    exchanged = roles.exchanged(new.actors, cached.actors)
+    if exchanged:
+        return Veto("direction", f"{exchanged[0]} and {exchanged[1]} exchanged")
+    choice = (roles.uncoordinated(new.actors, cached.actors)
+              or roles.uncoordinated(cached.actors, new.actors))
+    if choice:
+        return Veto("direction", f"{choice[0]} or {choice[1]} vs one to the other")
     missing = sorted((new.entities - cached.words) | (cached.entities - new.words))
     if missing:
         return Veto("entity", ", ".join(missing))
@@ -171,9 +198,20 @@ def _replaced(mine: tuple[str, ...], theirs: tuple[str, ...]) -> tuple[str, str]
         return None
     if len(own) == len(other) == 1 and _spelling_variants(own[0], other[0]):
         return None
-    if any(a[:ROOT] == b[:ROOT] for a in own for b in other if min(len(a), len(b)) >= ROOT):
+    if any(_one_root(a, b) for a in own for b in other):
         return None
     return " ".join(own), " ".join(other)
+
+
+def _one_root(first: str, second: str) -> bool:
+    """Two stems of one root: they share their first ROOT letters or more, and the shorter
+    all but its last letter at most ("summary", "summariz"; not "chicken", "chickpea")."""
+    shared = 0
+    for a, b in zip(first, second, strict=False):
+        if a != b:
+            break
+        shared += 1
+    return shared >= ROOT and shared >= min(len(first), len(second)) - 1
 
 
 def _spelling_variants(first: str, second: str) -> bool:

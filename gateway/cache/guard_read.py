@@ -32,10 +32,21 @@ _DEGREES = re.compile(r"°\s*([CF])\b")
 _DATA_UNIT = re.compile(r"([kmgtpKMGTP]i?)([bB])(its?|ytes?|ps|/s)?")
 _ABBREVIATION = re.compile(r"^(?:[^\W\d_]\.){2,}$|^(?:[^\W\d_]\.)+[^\W\d_]$")
 _ORDINAL = re.compile(r"^\d+(?:st|nd|rd|th|s)$")
+_COUNTED = re.compile(r"(\d+(?:[.,]\d+)*)(?:st|nd|rd|th|s)?")
+_CLITIC = re.compile(r"'(?:s|re|ve|ll|m|d)$|'$")
+_POSSESSIVE = re.compile(r"['’]s$")
+_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_LETTERS = re.compile(r"[^\W\d_]+")
+_WHO = words.NOVICE | words.EXPERT
+_LIKE_A_CHILD = re.compile(r"\blike i (?:am|m)?\s*(?:a |an )?(?:\d+|five|young|child|kid)\b")
+_AUDIENCE_PHRASE = re.compile(r"\b(?:like i(?: am)?|as an?|to an?|to my|for an?|for my)\s+"
+                              r"((?:[\w-]+\s+){0,2}[\w-]+)")
+_SEASON_OPENERS = words.RELATIVE | {"the", "in"}
 _SCRIPTS = (("CYRILLIC", "cyrillic"), ("GREEK", "greek"),
             ("ARABIC", "arabic"), ("HEBREW", "hebrew"), ("HIRAGANA", "japanese"),
             ("KATAKANA", "japanese"), ("CJK", "han"), ("HANGUL", "hangul"),
             ("DEVANAGARI", "devanagari"), ("THAI", "thai"), ("LATIN", "latin"))
+WORDS_KEPT = 65_536  # words whose readings are kept (a few MB)
 SENTENCE_END = frozenset(".?!:;¿¡(")
 CONTEXT_WORDS = 3  # content words read on each side of a directional word
 
@@ -47,12 +58,13 @@ class Token:
     kind: str  # arrow, word, sym, punct
 
 
+@lru_cache(maxsize=WORDS_KEPT)  # pure: a word read once per process, mostly
 def content_word(low: str) -> str:
     """A word as the other checks read it: a number its value, a unit its name, a negation
     "not", else its stem; so "tenth" is "10th" and "km" is "kilometres" here too."""
     if low in words.NUMBER_WORDS:
         return str(words.NUMBER_WORDS[low])
-    number = re.fullmatch(r"(\d+(?:[.,]\d+)*)(?:st|nd|rd|th|s)?", low)
+    number = _COUNTED.fullmatch(low)
     if number:
         return canonical_number(number.group(1))
     if low in words.NEGATIONS:
@@ -77,13 +89,18 @@ def tokenize(text: str) -> list[Token]:
             if low.endswith("n't"):
                 tokens.extend((Token(raw, low[:-3], kind), Token(raw, "not", kind)))
                 continue
-            low = re.sub(r"'(?:s|re|ve|ll|m|d)$|'$", "", low)
+            low = _CLITIC.sub("", low)
         tokens.append(Token(raw, low, kind))
     return tokens
 
 
+def is_hyphenated(low: str) -> bool:
+    return _HYPHENATED.match(low) is not None
+
+
+@lru_cache(maxsize=WORDS_KEPT)  # pure: a word read once per process, mostly
 def is_identifier(raw: str) -> bool:
-    word = re.sub(r"['’]s$", "", raw.rstrip(".:"))
+    word = _POSSESSIVE.sub("", raw.rstrip(".:"))
     if not word or _HYPHENATED.match(word) or _ABBREVIATION.match(word) or _ORDINAL.match(word):
         return False
     if word.replace(".", "").replace(",", "").isdigit():
@@ -116,7 +133,7 @@ def numbers_of(text: str, lows: list[str]) -> frozenset[str]:
 
 def canonical_number(number: str) -> str:
     """Thousands separators dropped ("1,000"), a decimal comma read as a point ("1,5")."""
-    if re.fullmatch(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?", number):
+    if _THOUSANDS.fullmatch(number):
         number = number.replace(",", "")
     number = number.replace(",", ".")
     whole, _, fraction = number.partition(".")
@@ -129,17 +146,16 @@ def dates_of(tokens: list[Token]) -> frozenset[str]:
     lows = [token.low for token in tokens]
     for index, token in enumerate(tokens):
         low = token.low
-        near_number = any(0 <= other < len(lows) and lows[other][:1].isdigit()
-                          for other in (index - 1, index + 1))
-        if low in words.MONTHS and (low not in words.AMBIGUOUS_MONTHS or near_number
-                                    or (token.raw[:1].isupper() and index > 0)):
+        if low in words.MONTHS and (low not in words.AMBIGUOUS_MONTHS or any(
+                0 <= other < len(lows) and lows[other][:1].isdigit()
+                for other in (index - 1, index + 1)) or (token.raw[:1].isupper() and index > 0)):
             found.add(words.MONTHS[low])
         elif low in words.WEEKDAYS:
             found.add(words.WEEKDAYS[low])
         elif low in words.TIME_WORDS:
             found.add(low)
         elif low in words.SEASON_ALIASES and index and lows[index - 1] in (
-                words.RELATIVE | {"the", "in"}):
+                _SEASON_OPENERS):
             found.add(words.SEASON_ALIASES[low])
         if low in words.RELATIVE and index + 1 < len(lows):
             following = lows[index + 1]
@@ -175,6 +191,7 @@ def units_of(tokens: list[Token]) -> tuple[frozenset[str], frozenset[tuple[str, 
     return frozenset(name for name, _ in named), frozenset(conversions)
 
 
+@lru_cache(maxsize=WORDS_KEPT)  # pure: a word read once per process, mostly
 def unit_of(raw: str, low: str) -> tuple[str, str] | None:
     """The unit `low` spells (its singular form and canonical name), or None. A data unit is
     bytes with a capital B ("MB", "MBps"), bits with a small b after a capital ("Mb", "Mbps"),
@@ -198,6 +215,7 @@ def unit_of(raw: str, low: str) -> tuple[str, str] | None:
     return low, prefix + size + ("/s" if rest in ("ps", "/s") else "")
 
 
+@lru_cache(maxsize=WORDS_KEPT)  # pure: a word read once per process, mostly
 def word_stem(word: str) -> str:
     """A crude stem, enough to match inflections of one word ("declining", "declined",
     "declines" and "decline"), never to merge two words."""
@@ -259,12 +277,12 @@ def entities_of(tokens: list[Token]) -> frozenset[str]:
         if token.kind != "word" or not token.raw[:1].isalpha() or len(token.low) < 2:
             continue
         raw = token.raw
-        inner_capital = any(char.isupper() for char in raw[1:])
+        inner_capital = raw[1:] != raw[1:].lower()
         opens = index == 0 or tokens[index - 1].low in SENTENCE_END
         if inner_capital or (raw[0].isupper() and not opens):
-            if token.low in words.STOPWORDS or token.low in words.NOVICE | words.EXPERT:
+            if token.low in words.STOPWORDS or token.low in _WHO:
                 continue
-            found.update(part for part in re.findall(r"[^\W\d_]+", token.low) if len(part) > 1)
+            found.update(part for part in _LETTERS.findall(token.low) if len(part) > 1)
     return frozenset(found)
 
 
@@ -293,9 +311,17 @@ def _char_script(char: str) -> str:
     return "other"
 
 
+_LANGUAGES_OF: dict[str, tuple[str, ...]] = {}  # a function word -> the languages it is of
+for _code, _vocabulary in words.LANGUAGE_WORDS.items():
+    for _word in _vocabulary:
+        _LANGUAGES_OF[_word] = (*_LANGUAGES_OF.get(_word, ()), _code)
+
+
 def language_of(lows: list[str]) -> str:
-    scores = {code: sum(low in vocabulary for low in lows)
-              for code, vocabulary in words.LANGUAGE_WORDS.items()}
+    scores = dict.fromkeys(words.LANGUAGE_WORDS, 0)
+    for low in lows:
+        for code in _LANGUAGES_OF.get(low, ()):
+            scores[code] += 1
     ranked = sorted(scores.items(), key=lambda item: -item[1])
     (best, top), (_, second) = ranked[0], ranked[1]
     return best if top >= 2 and top > second else ""
@@ -309,14 +335,16 @@ def audience_of(lows: list[str]) -> frozenset[str]:
             if stem in members:
                 found.add(name)
                 break
+    explaining = not words.AUDIENCE_VERBS.isdisjoint(lows)
+    likening = "like" in lows
+    if not (explaining or likening):  # no audience phrase to read
+        return frozenset(found)
     joined = " ".join(lows)
-    if re.search(r"\blike i (?:am|m)?\s*(?:a |an )?(?:\d+|five|young|child|kid)\b", joined):
+    if likening and _LIKE_A_CHILD.search(joined):
         found.add("novice")
-    explaining = any(low in words.AUDIENCE_VERBS for low in lows)
-    if explaining and any(low in words.PLAIN for low in lows):
+    if explaining and not words.PLAIN.isdisjoint(lows):
         found.add("novice")
-    for match in re.finditer(r"\b(?:like i(?: am)?|as an?|to an?|to my|for an?|for my)\s+"
-                             r"((?:[\w-]+\s+){0,2}[\w-]+)", joined):
+    for match in _AUDIENCE_PHRASE.finditer(joined):
         if explaining or match.group().startswith("like"):
             phrase = _audience_phrase(match.group(1))
             if phrase:

@@ -9,7 +9,8 @@ embedder itself; a model runs in its worker thread, never on the event loop.
 
 `Vetting` is the near-miss guard (gateway/cache/guard.py) as a store's `admits` check: the
 cached question's features are read once per entry (kept by entry id, a bounded LRU) and the new
-question's once per lookup; a veto passes the candidate over for the next best.
+question's once per lookup; a veto passes the candidate over for the next best, up to
+`MAX_VETTED` candidates a lookup.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ SURELY_FITS_CHARS = 254
 NEVER_FITS_CHARS = 8192
 SPARSE_DIMENSIONS = 1 << 20
 FEATURES_KEPT = 16_384  # cached questions' guard features kept in memory
+RECENT_KEPT = 1024  # new questions' features, kept until their answers are stored
+# The nearest candidates the guard reads for one lookup: when this many stored questions, each
+# above the threshold, all differ decisively from the new one, it belongs to a family of
+# questions that differ in what decides the answer (a number, a name), and is taken as new.
+MAX_VETTED = 3
 
 
 class BatchEmbedder(Protocol):
@@ -91,13 +97,22 @@ class Questions:
 
 
 class Vetting:
-    """The guard over candidates of one process's lookups."""
+    """The guard over candidates of one process's lookups. A cached question's features are
+    read when it is first a candidate (most stored questions never are), or taken from the
+    lookup that met candidates for it as a new question (`recent`)."""
 
-    __slots__ = ("_kept", "vetoes")
+    __slots__ = ("_kept", "_recent", "vetoes")
 
     def __init__(self) -> None:
         self._kept: OrderedDict[str, guard.Question] = OrderedDict()
+        self._recent: OrderedDict[str, guard.Question] = OrderedDict()  # by question text
         self.vetoes = 0  # candidates refused, for tests and logs
+
+    def recent(self, question: str, features: guard.Question) -> None:
+        """A new question's features, read by a lookup: its answer, once stored, needs them."""
+        self._recent[question] = features
+        if len(self._recent) > RECENT_KEPT:
+            self._recent.popitem(last=False)
 
     def admits_for(self, question: str) -> Admitter:
         return Admitter(self, question)
@@ -105,7 +120,8 @@ class Vetting:
     def features(self, entry: Entry) -> guard.Question:
         found = self._kept.get(entry.id)
         if found is None:
-            found = self._kept[entry.id] = guard.features(entry.query)
+            found = self._recent.pop(entry.query, None) or guard.features(entry.query)
+            self._kept[entry.id] = found
             if len(self._kept) > FEATURES_KEPT:
                 self._kept.popitem(last=False)
         else:
@@ -116,18 +132,23 @@ class Vetting:
 class Admitter:
     """`admits(entry)` for one new question: the guard finds nothing decisive that differs."""
 
-    __slots__ = ("_vetting", "_question", "_features")
+    __slots__ = ("_vetting", "_question", "_features", "_vetted")
 
     def __init__(self, vetting: Vetting, question: str) -> None:
         self._vetting = vetting
         self._question = question
         self._features: guard.Question | None = None
+        self._vetted = 0
 
     def __call__(self, entry: Entry) -> bool:
         if entry.query == self._question:
             return True
+        if self._vetted >= MAX_VETTED:
+            return False
+        self._vetted += 1
         if self._features is None:
             self._features = guard.features(self._question)
+            self._vetting.recent(self._question, self._features)
         if guard.compare(self._features, self._vetting.features(entry)) is None:
             return True
         self._vetting.vetoes += 1

