@@ -304,6 +304,13 @@ GPUS: Mapping[str, GpuSpec] = MappingProxyType({
 MODELS: Mapping[str, ModelSpec] = MappingProxyType(
     {m.name: m for m in (LLAMA_3_8B, LLAMA_3_70B, LLAMA_3_2_1B, QWEN_2_5_0_5B)})
 
+
+def deployment_name(model: str, gpu: str, num_gpus: int = 1, fp8: bool = False) -> str:
+    """A deployment's name, `MODEL-[Nx]GPU[-fp8]` with the `GPUS` key: what the simulator's
+    presets call it (`loadtest.sim.presets.lookup`) and `kvgate plan` proposes."""
+    return f"{model}-{f'{num_gpus}x' if num_gpus > 1 else ''}{gpu}{'-fp8' if fp8 else ''}"
+
+
 # The deployment the gateway's speed model takes as its reference: an 8B model on one H100.
 REFERENCE_PRESET = Preset("llama-3-8b-h100", LLAMA_3_8B, H100_SXM)
 

@@ -30,6 +30,7 @@ from routing.physics import (
     QWEN_2_5_0_5B,
     REFERENCE_PRESET,
     Preset,
+    deployment_name,
     derive,
 )
 
@@ -61,11 +62,6 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
         Preset("qwen2.5-0.5b-l4", QWEN_2_5_0_5B, L4),
     )
 })
-
-
-def deployment_name(model: str, gpu: str, num_gpus: int = 1, fp8: bool = False) -> str:
-    """The name `lookup` knows a deployment by (module docstring)."""
-    return f"{model}-{f'{num_gpus}x' if num_gpus > 1 else ''}{gpu}{'-fp8' if fp8 else ''}"
 
 
 def lookup(name: str) -> Preset | None:
@@ -122,7 +118,7 @@ def describe(preset: Preset) -> str:
         f" ({preset.bandwidth_efficiency:.0%} of bandwidth),"
         f" {d.effective_flops / 1e12:.0f} TFLOP/s ({preset.flops_efficiency:.0%} of dense"
         f" {'FP8' if d.effective_flops != d.attention_flops else 'bf16'})",
-        f"  tensor parallel    "
+        "  tensor parallel    "
         + (f"{2 * model.num_layers} all-reduces a step over {gpu.interconnect}:"
            f" {d.allreduce_fixed_s * 1e3:.2f} ms + {d.allreduce_per_token_s * 1e6:.2f} us a token"
            if preset.num_gpus > 1 else "none (one GPU)"),
