@@ -248,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             sys.stdout.write(json.dumps(plan_fleet_cli.as_json(fp), indent=2) + "\n")
         else:
-            print(plan_fleet_cli.report(fp))
+            print(plan_fleet_cli.report(fp, args.trace))
         return 0 if fp.groups else 1
     p = build_plan(args)
     if args.json:

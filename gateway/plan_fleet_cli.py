@@ -99,7 +99,8 @@ def as_json(p: FleetPlan) -> dict[str, Any]:
     }
 
 
-def report(p: FleetPlan) -> str:
+def report(p: FleetPlan, trace: str | None = None) -> str:
+    """The fleet plan as text; its `kvgate simulate` check replays `trace` when one was read."""
     lines = [f"{p.model.name}: {p.rate:g} requests/s of {p.prompt_tokens} prompt + "
              f"{p.output_tokens} output tokens (means); TTFT <= {p.ttft_slo_s * 1e3:g} ms, "
              f"TPOT <= {p.tpot_slo_s * 1e3:g} ms; replicas planned at {p.max_load:.0%} of their "
@@ -118,9 +119,9 @@ def report(p: FleetPlan) -> str:
         if p.power_w is not None:
             lines.append(f"  power            {p.power_w / 1e3:,.1f} kW, "
                          f"{p.kwh_per_million_output_tokens:,.3f} kWh per million output tokens")
-        lines.append(f"  check it         kvgate simulate --backends {p.backends} "
-                     f"--rate {p.rate:g} --slo-ttft {p.ttft_slo_s:g} --slo-tpot "
-                     f"{p.tpot_slo_s:g}")
+        source = f"--trace {trace}" if trace else f"--rate {p.rate:g} --workload WORKLOAD"
+        lines.append(f"  check it         kvgate simulate --backends {p.backends} {source} "
+                     f"--slo-ttft {p.ttft_slo_s:g} --slo-tpot {p.tpot_slo_s:g}")
     lines.append(f"  candidates       {len(p.candidates)} deployments meet the SLOs: "
                  + ", ".join(f"{c.name} {c.capacity:.2f}/s" for c in p.candidates[:8])
                  + (" ..." if len(p.candidates) > 8 else ""))

@@ -44,7 +44,7 @@ from types import MappingProxyType
 
 BANDWIDTH_EFFICIENCY = 0.75  # share of datasheet HBM bandwidth that decode kernels reach
 FLOPS_EFFICIENCY = 0.5  # share of datasheet dense FLOP/s that prefill and GEMMs reach
-STEP_OVERHEAD_S = 0.0014  # per engine step: scheduler, sampling, launches, host sync
+STEP_OVERHEAD_S = 0.0015  # per engine step: scheduler, sampling, launches, host sync
 CUDA_GRAPH_BYTES = 0.5e9  # per GPU: what captured CUDA graphs and their pools keep
 ACTIVATION_BYTES = 2  # bf16 activations (also what the all-reduces carry)
 LOGIT_BYTES = 4  # the sampler's fp32 logits
@@ -270,7 +270,7 @@ def step_time(
 
 # Datasheet figures: memory, HBM bandwidth, dense bf16 and FP8 FLOP/s without sparsity, and the
 # GPU-to-GPU link (NVLink: half the datasheet's total, one direction; PCIe 4.0 x16: 32 GB/s).
-_NVLINK_LATENCY_S = 6e-6  # per ring step of a small all-reduce (calibrated, see the table)
+_NVLINK_LATENCY_S = 4.5e-6  # per ring step of a small all-reduce (calibrated, see the table)
 H100_SXM = GpuSpec("H100 SXM 80GB", hbm_bytes=80e9, bandwidth=3.35e12, flops=989e12,
                    fp8_flops=1979e12, link_bandwidth=450e9, link_latency_s=_NVLINK_LATENCY_S,
                    interconnect="NVLink 4")
@@ -332,6 +332,6 @@ class ProfileFigures:
 REFERENCE_PROFILE = ProfileFigures(
     prefill_tokens_per_s=29_000.0,
     overhead_s=0.005,
-    decode_base_s=0.0078,
+    decode_base_s=0.0079,
     decode_per_kv_token_s=5.2e-8,
 )

@@ -11,6 +11,10 @@ was read from. `simulate(row)` runs the simulator's engine (`loadtest.sim.engine
   one as soon as it completes; the figures are means over the requests that start after the
   first round (TTFT; ITL as (end-to-end - TTFT) / (output tokens - 1)) and the output tokens/s
   over the same window.
+- `poisson` (SGLang's and vLLM's serving benchmarks): `num_prompts` requests arrive at
+  `request_rate` per second (Poisson, seeded), prompt and output lengths drawn uniformly from
+  [`range_ratio` x length, length] as their `random` dataset does; the figures are the median
+  TTFT and the median gap between consecutive tokens of a request (ITL) over all requests.
 
 Prompts are distinct token sequences (the benchmarks' random prompts share no prefix) and every
 request generates exactly its output tokens. `python -m loadtest.fidelity` writes the comparison
@@ -20,6 +24,8 @@ as a benchmark record; `tests/test_fidelity.py` holds every row within `TOLERANC
 from __future__ import annotations
 
 import json
+import random
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +35,9 @@ from routing.physics import GPUS, MODELS, ModelSpec, Preset
 
 PUBLISHED = Path(__file__).resolve().parent / "published.json"
 TOLERANCE = 0.20  # each simulated figure within 20% of the published one
-METRICS = ("e2e_latency_ms", "ttft_ms", "itl_ms", "output_tokens_per_s")
+METRICS = ("e2e_latency_ms", "ttft_ms", "itl_ms", "output_tokens_per_s", "median_ttft_ms",
+           "median_itl_ms")
+MODES = ("batch", "closed", "poisson")
 _CLOSED_REQUESTS = 4  # rounds of a closed loop measured after the first
 
 
@@ -50,6 +58,9 @@ class Row:
     published: float
     source: str
     quote: str
+    request_rate: float = 0.0  # poisson
+    num_prompts: int = 0  # poisson
+    range_ratio: float = 1.0  # poisson: lengths uniform in [ratio x length, length]
 
     def preset(self) -> Preset:
         """The deployment the row describes, at vLLM's defaults; the model's context is made long
@@ -66,8 +77,12 @@ class Row:
 
     def describe(self) -> str:
         precision = "fp8" if self.fp8_weights else "bf16"
-        return (f"{self.model} {self.num_gpus}x{self.gpu} {precision}, {self.input_tokens} in /"
-                f" {self.output_tokens} out, {self.mode} of {self.concurrency}")
+        shape = f"{self.model} {self.num_gpus}x{self.gpu} {precision}, {self.input_tokens} in /" \
+            f" {self.output_tokens} out"
+        if self.mode == "poisson":
+            return (f"{shape} (up to), {self.num_prompts} requests at {self.request_rate:g}/s"
+                    " Poisson")
+        return f"{shape}, {self.mode} of {self.concurrency}"
 
 
 def load_rows(path: Path = PUBLISHED) -> tuple[Row, ...]:
@@ -79,7 +94,8 @@ def load_rows(path: Path = PUBLISHED) -> tuple[Row, ...]:
             row = Row(**item)
         except TypeError as exc:
             raise ValueError(f"{path.name} row {n}: {exc}") from exc
-        if row.metric not in METRICS or row.mode not in ("batch", "closed"):
+        if row.metric not in METRICS or row.mode not in MODES or (
+                row.mode == "poisson" and not (row.request_rate > 0 and row.num_prompts > 0)):
             raise ValueError(f"{path.name} row {row.id}: unknown metric or mode")
         if row.model not in MODELS or row.gpu not in GPUS:
             raise ValueError(f"{path.name} row {row.id}: unknown model or GPU")
@@ -95,6 +111,8 @@ class Measured:
     ttft_ms: float  # mean
     itl_ms: float  # mean over requests of (end-to-end - TTFT) / (output - 1)
     output_tokens_per_s: float
+    median_ttft_ms: float = 0.0  # poisson
+    median_itl_ms: float = 0.0  # poisson
 
     def figure(self, metric: str) -> float:
         return float(getattr(self, metric))
@@ -102,6 +120,8 @@ class Measured:
 
 def simulate(row: Row) -> Measured:
     """The row's benchmark on the simulated engine (module docstring)."""
+    if row.mode == "poisson":
+        return _open_loop(row)
     engine = Engine(row.preset(), enable_prefix_caching=False, every_token=False)
     rounds = 1 if row.mode == "batch" else 1 + _CLOSED_REQUESTS
     total = rounds * row.concurrency
@@ -144,6 +164,48 @@ def simulate(row: Row) -> Measured:
                             for r in measured]),
         output_tokens_per_s=tokens / (window_end - window_start),
     )
+
+
+def _open_loop(row: Row) -> Measured:
+    engine = Engine(row.preset(), enable_prefix_caching=False, every_token=True)
+    rng = random.Random(f"fidelity-{row.id}")
+
+    def length(n: int) -> int:
+        return rng.randint(max(int(n * row.range_ratio), 1), n)
+
+    arrivals, t = [], 0.0
+    for _ in range(row.num_prompts):
+        t += rng.expovariate(row.request_rate)
+        arrivals.append((t, length(row.input_tokens), length(row.output_tokens)))
+    last: dict[str, float] = {}
+    ttfts: list[float] = []
+    gaps: list[float] = []
+    outputs = 0
+    now, sent = 0.0, 0
+    while sent < len(arrivals) or engine.has_work():
+        if not engine.has_work() and arrivals[sent][0] > now:
+            now = arrivals[sent][0]
+        while sent < len(arrivals) and arrivals[sent][0] <= now:
+            arrival, prompt, output = arrivals[sent]
+            rid = f"r{sent}"
+            base = sent * (row.input_tokens + 1)
+            engine.add(SimRequest(rid, tuple(range(base, base + prompt)), output, output,
+                                  ignore_eos=True))
+            last[rid] = arrival
+            sent += 1
+        result = engine.step()
+        now += result.duration
+        for ev in result.events:
+            if ev.token_index == 0:
+                ttfts.append(now - last[ev.request_id])
+            else:
+                gaps.append(now - last[ev.request_id])
+            last[ev.request_id] = now
+            outputs += 1
+    return Measured(e2e_latency_ms=1e3 * now, ttft_ms=1e3 * _mean(ttfts),
+                    itl_ms=1e3 * _mean(gaps), output_tokens_per_s=outputs / now,
+                    median_ttft_ms=1e3 * statistics.median(ttfts),
+                    median_itl_ms=1e3 * statistics.median(gaps))
 
 
 def _mean(values: Sequence[float]) -> float:
