@@ -185,6 +185,7 @@ def as_json(p: Plan) -> dict[str, Any]:
 
     return {
         "model": p.model.name, "gpu": p.gpu.name, "gpus_per_replica": p.gpus_per_replica,
+        "fp8": p.fp8,
         "prompt_tokens": p.prompt_tokens, "output_tokens": p.output_tokens,
         "tpot_slo_s": p.tpot_slo_s, "ttft_slo_s": p.ttft_slo_s,
         "replica": {
@@ -211,8 +212,8 @@ def report(p: Plan) -> str:
     seq = p.prompt_tokens + p.output_tokens
     s = p.saturated
     lines = [
-        f"{p.model.name} on {gpus} per replica; requests of {p.prompt_tokens} prompt + "
-        f"{p.output_tokens} output tokens",
+        f"{p.model.name} on {gpus} per replica{', FP8 weights and KV cache' if p.fp8 else ''};"
+        f" requests of {p.prompt_tokens} prompt + {p.output_tokens} output tokens",
         f"  weights          {p.weights_bytes / 1e9:.1f} GB; KV cache {p.kv_cache_bytes / 1e9:.1f}"
         f" GB at memory utilization {p.memory_utilization:g}",
         f"  KV per token     {p.kv_bytes_per_token:,} bytes ({p.kv_bytes_per_token / 1024:g} KiB);"

@@ -15,12 +15,14 @@ Steady state of a saturated replica running B sequences of `prompt` + `output` t
          = (D / output) / (1 + (D / output) * p(B))
     TPOT = s(B) / (1 - f)                                # prefills stall every decode step
 
-with chunks of at most `max_num_batched_tokens`, as the engine schedules them. The saturated
-capacity is the best r over B in 1..min(max_num_seqs, sequences whose KV fits); the SLO capacity
-the best r whose TPOT meets the TPOT SLO. Queueing under bursty arrivals is not modelled:
-`kvgate simulate` checks a plan, and the tests hold the saturated capacity close to that of one
-saturated simulated engine fed the same requests. Preemption is not modelled either: where few
-requests fit the KV cache, the engine overcommits it and preempts, and departs from the plan.
+with chunks of at most `max_num_batched_tokens`, as the engine schedules them, and the step times
+of the deployment (tensor parallel over `gpus_per_replica` GPUs, with FP8 weights and KV cache
+when `fp8`). The saturated capacity is the best r over B in 1..min(max_num_seqs, sequences whose
+KV fits); the SLO capacity the best r whose TPOT meets the TPOT SLO. Queueing under bursty
+arrivals is not modelled: `kvgate simulate` checks a plan, and the tests hold the saturated
+capacity close to that of one saturated simulated engine fed the same requests. Preemption is not
+modelled either: where few requests fit the KV cache, the engine overcommits it and preempts, and
+departs from the plan.
 """
 
 from __future__ import annotations
