@@ -6,7 +6,15 @@ import dataclasses
 
 import pytest
 
-from loadtest.sim.presets import DEFAULT_PRESET, PRESETS, SMALL_PRESET, describe
+from loadtest.fleetsim.backends import parse_fleet
+from loadtest.sim.presets import (
+    DEFAULT_PRESET,
+    PRESETS,
+    SMALL_PRESET,
+    deployment_name,
+    describe,
+    lookup,
+)
 from routing.physics import attention_pairs, derive, step_time
 
 LLAMA_8B = PRESETS["llama-3-8b-h100"]
@@ -178,3 +186,33 @@ def test_an_empty_step_costs_the_fixed_overhead_plus_one_pass_over_the_weights()
 )
 def test_attention_pairs_count_causal_query_key_pairs(prior: int, chunk: int, pairs: int) -> None:
     assert attention_pairs(prior, chunk) == pairs
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "fp8"),
+    [
+        pytest.param("llama-3-8b-2xa100-fp8", 2, True, id="TP2 FP8 on A100"),
+        pytest.param("llama-3-70b-8xh200", 8, False, id="TP8 on H200"),
+        pytest.param("llama-3.2-1b-b200", 1, False, id="a model name with a dot"),
+    ],
+)
+def test_any_deployment_of_a_known_model_on_known_gpus_is_a_preset_by_its_name(
+    name: str, gpus: int, fp8: bool
+) -> None:
+    preset = lookup(name)
+    assert preset is not None and preset.name == name
+    assert (preset.num_gpus, preset.fp8_weights, preset.fp8_kv_cache) == (gpus, fp8, fp8)
+    assert parse_fleet(f"2x{name}").presets == (preset, preset)
+
+
+def test_deployment_names_spell_model_gpu_count_and_precision() -> None:
+    assert deployment_name("llama-3-8b", "h100") == "llama-3-8b-h100"
+    assert deployment_name("llama-3-70b", "h200", 4, fp8=True) == "llama-3-70b-4xh200-fp8"
+
+
+def test_a_named_preset_is_itself_and_an_impossible_deployment_is_none() -> None:
+    assert lookup("llama-3-70b-2xh100") is PRESETS["llama-3-70b-2xh100"]
+    assert lookup("llama-3-70b-l4") is None  # the weights do not fit
+    assert lookup("llama-3-8b-tpu") is None and lookup("gpt-9-h100") is None
+    with pytest.raises(ValueError, match="MODEL-\\[Nx\\]GPU"):
+        parse_fleet("llama-3-8b-tpu")
