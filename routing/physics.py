@@ -42,6 +42,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+# The two efficiencies, the step overhead and the NVLink latency are fitted to published engine
+# benchmarks (loadtest/fidelity/published.json; docs/capacity-planning.md has the comparison).
 BANDWIDTH_EFFICIENCY = 0.75  # share of datasheet HBM bandwidth that decode kernels reach
 FLOPS_EFFICIENCY = 0.5  # share of datasheet dense FLOP/s that prefill and GEMMs reach
 STEP_OVERHEAD_S = 0.0015  # per engine step: scheduler, sampling, launches, host sync
@@ -270,7 +272,7 @@ def step_time(
 
 # Datasheet figures: memory, HBM bandwidth, dense bf16 and FP8 FLOP/s without sparsity, and the
 # GPU-to-GPU link (NVLink: half the datasheet's total, one direction; PCIe 4.0 x16: 32 GB/s).
-_NVLINK_LATENCY_S = 4.5e-6  # per ring step of a small all-reduce (calibrated, see the table)
+_NVLINK_LATENCY_S = 4.5e-6  # per ring step of a small all-reduce (fitted, as above)
 H100_SXM = GpuSpec("H100 SXM 80GB", hbm_bytes=80e9, bandwidth=3.35e12, flops=989e12,
                    fp8_flops=1979e12, link_bandwidth=450e9, link_latency_s=_NVLINK_LATENCY_S,
                    interconnect="NVLink 4")
