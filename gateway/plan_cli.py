@@ -3,7 +3,9 @@
     kvgate plan [--model NAME | --params-b B --layers N --heads N --kv-heads N --head-dim N]
                 [--gpu h100|a100|l40s|l4 | --gpu-memory-gb G --gpu-bandwidth-tbs T --gpu-tflops F]
                 [--gpus-per-replica N] [--prompt-tokens 1000] [--output-tokens 250] [--rate R]
-                [--tpot-slo-ms 50] [--ttft-slo-ms 1000] [--memory-utilization 0.9] [--json]
+                [--tpot-slo-ms 50] [--ttft-slo-ms 1000] [--memory-utilization 0.9] [--fp8] [--json]
+    kvgate plan --fleet | --trace FILE | --price GPU=$/h | --power GPU=W  [--model NAME]
+                [--rate R] [--prompt-tokens N --output-tokens N] [--max-load 0.8] [--fp8] ...
 
 The figures are `routing.physics`, the simulator's roofline model, not a second one: a step
 takes overhead + max(weight bytes / bandwidth, 2 x params x tokens / FLOP/s) + KV bytes read /
@@ -12,16 +14,23 @@ decoding B sequences makes r = (D / output) / (1 + (D / output) x prompt / prefi
 requests/s, D = B / decode step(B) (`routing.plan`); the plan takes the best B, and the best within
 the TPOT SLO. It is a steady-state estimate for one request shape: `kvgate simulate` checks a plan
 under real arrivals, queueing and a mix of sizes.
+
+With `--fleet` (or a trace, prices or power figures) it plans the cheapest fleet over the known
+GPUs instead (`routing.fleet_plan`, `gateway.plan_fleet_cli`), and prints the `kvgate simulate`
+command that checks it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
 
+from gateway import plan_fleet_cli
 from gateway.cli import UsageError
+from routing.fleet_plan import FleetPlan, plan_fleet
 from routing.physics import GPUS, LLAMA_3_8B, MODELS, GpuSpec, ModelSpec
 from routing.plan import Operating, Plan, plan
 
@@ -60,6 +69,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     a("--memory-utilization", type=float, default=0.9, metavar="X",
       help="GPU memory share for weights and KV, as vLLM's (default 0.9)")
     a("--json", action="store_true", help="print the plan as JSON")
+    plan_fleet_cli.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -96,9 +106,7 @@ def _model(args: argparse.Namespace) -> ModelSpec:
         model = MODELS[name]
     if args.max_model_len is not None:
         _positive(args, ("max_model_len",))
-        model = ModelSpec(model.name, model.num_params, model.num_layers,
-                          model.num_attention_heads, model.num_kv_heads, model.head_dim,
-                          model.bytes_per_param, model.kv_bytes_per_element, args.max_model_len)
+        model = dataclasses.replace(model, max_model_len=args.max_model_len)
     return model
 
 
@@ -135,7 +143,34 @@ def build_plan(args: argparse.Namespace) -> Plan:
         return plan(model, gpu, gpus_per_replica=args.gpus_per_replica,
                     prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                     rate=args.rate, tpot_slo_s=args.tpot_slo_ms / 1e3,
-                    ttft_slo_s=args.ttft_slo_ms / 1e3, memory_utilization=args.memory_utilization)
+                    ttft_slo_s=args.ttft_slo_ms / 1e3, memory_utilization=args.memory_utilization,
+                    fp8=args.fp8)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def build_fleet_plan(args: argparse.Namespace) -> FleetPlan:
+    """The fleet plan the arguments describe (`--fleet`); UsageError naming the first problem."""
+    model = _model(args)
+    if args.gpu is not None or _custom(args, _CUSTOM_GPU, None, "GPU"):
+        raise UsageError("a fleet plan considers every known GPU: give --price for the types "
+                         "to consider, not --gpu or the custom-GPU flags")
+    _positive(args, ("prompt_tokens", "output_tokens", "rate", "tpot_slo_ms", "ttft_slo_ms",
+                     "memory_utilization", "max_load"))
+    prompt, output, longest, rate = args.prompt_tokens, args.output_tokens, None, args.rate
+    if args.trace:
+        trace_rate, prompt, output, longest, _ = plan_fleet_cli.trace_shape(args.trace)
+        rate = rate if rate is not None else trace_rate
+    if rate is None:
+        raise UsageError("a fleet plan needs --rate (or a --trace to take it from)")
+    try:
+        return plan_fleet(model, GPUS, rate=rate, prompt_tokens=prompt, output_tokens=output,
+                          longest_tokens=longest, tpot_slo_s=args.tpot_slo_ms / 1e3,
+                          ttft_slo_s=args.ttft_slo_ms / 1e3,
+                          prices=plan_fleet_cli.pairs(args.price, "--price"),
+                          power=plan_fleet_cli.pairs(args.power, "--power"),
+                          fp8=(False, True) if args.fp8 else (False,),
+                          memory_utilization=args.memory_utilization, max_load=args.max_load)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -150,6 +185,7 @@ def as_json(p: Plan) -> dict[str, Any]:
 
     return {
         "model": p.model.name, "gpu": p.gpu.name, "gpus_per_replica": p.gpus_per_replica,
+        "fp8": p.fp8,
         "prompt_tokens": p.prompt_tokens, "output_tokens": p.output_tokens,
         "tpot_slo_s": p.tpot_slo_s, "ttft_slo_s": p.ttft_slo_s,
         "replica": {
@@ -176,8 +212,8 @@ def report(p: Plan) -> str:
     seq = p.prompt_tokens + p.output_tokens
     s = p.saturated
     lines = [
-        f"{p.model.name} on {gpus} per replica; requests of {p.prompt_tokens} prompt + "
-        f"{p.output_tokens} output tokens",
+        f"{p.model.name} on {gpus} per replica{', FP8 weights and KV cache' if p.fp8 else ''};"
+        f" requests of {p.prompt_tokens} prompt + {p.output_tokens} output tokens",
         f"  weights          {p.weights_bytes / 1e9:.1f} GB; KV cache {p.kv_cache_bytes / 1e9:.1f}"
         f" GB at memory utilization {p.memory_utilization:g}",
         f"  KV per token     {p.kv_bytes_per_token:,} bytes ({p.kv_bytes_per_token / 1024:g} KiB);"
@@ -208,6 +244,13 @@ def report(p: Plan) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if plan_fleet_cli.wanted(args):
+        fp = build_fleet_plan(args)
+        if args.json:
+            sys.stdout.write(json.dumps(plan_fleet_cli.as_json(fp), indent=2) + "\n")
+        else:
+            print(plan_fleet_cli.report(fp, args.trace))
+        return 0 if fp.groups else 1
     p = build_plan(args)
     if args.json:
         sys.stdout.write(json.dumps(as_json(p), indent=2) + "\n")

@@ -15,12 +15,14 @@ Steady state of a saturated replica running B sequences of `prompt` + `output` t
          = (D / output) / (1 + (D / output) * p(B))
     TPOT = s(B) / (1 - f)                                # prefills stall every decode step
 
-with chunks of at most `max_num_batched_tokens`, as the engine schedules them. The saturated
-capacity is the best r over B in 1..min(max_num_seqs, sequences whose KV fits); the SLO capacity
-the best r whose TPOT meets the TPOT SLO. Queueing under bursty arrivals is not modelled:
-`kvgate simulate` checks a plan, and the tests hold the saturated capacity close to that of one
-saturated simulated engine fed the same requests. Preemption is not modelled either: where few
-requests fit the KV cache, the engine overcommits it and preempts, and departs from the plan.
+with chunks of at most `max_num_batched_tokens`, as the engine schedules them, and the step times
+of the deployment (tensor parallel over `gpus_per_replica` GPUs, with FP8 weights and KV cache
+when `fp8`). The saturated capacity is the best r over B in 1..min(max_num_seqs, sequences whose
+KV fits); the SLO capacity the best r whose TPOT meets the TPOT SLO. Queueing under bursty
+arrivals is not modelled: `kvgate simulate` checks a plan, and the tests hold the saturated
+capacity close to that of one saturated simulated engine fed the same requests. Preemption is not
+modelled either: where few requests fit the KV cache, the engine overcommits it and preempts, and
+departs from the plan.
 """
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from routing.physics import Derived, GpuSpec, ModelSpec, Preset, attention_pairs, derive
+from routing.physics import (
+    Derived,
+    GpuSpec,
+    ModelSpec,
+    Preset,
+    attention_pairs,
+    derive,
+    weight_bytes,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +87,7 @@ class Plan:
     slo: Operating | None  # None: even batch 1 misses the TPOT SLO
     fleet: Fleet | None  # None without a rate, or when no batch meets the TPOT SLO
     warnings: tuple[str, ...]
+    fp8: bool = False  # FP8 weights and KV cache
 
     @property
     def slo_requests_per_s(self) -> float:
@@ -86,9 +97,11 @@ class Plan:
 def plan(model: ModelSpec, gpu: GpuSpec, *, gpus_per_replica: int = 1, prompt_tokens: int,
          output_tokens: int, rate: float | None, tpot_slo_s: float | None,
          ttft_slo_s: float | None, memory_utilization: float = 0.9, max_num_seqs: int = 256,
-         max_num_batched_tokens: int = 8192) -> Plan:
-    """The plan for requests of `prompt_tokens` + `output_tokens` (module docstring); ValueError
-    naming the problem for a bad argument, or weights or a request that do not fit."""
+         max_num_batched_tokens: int = 8192, fp8: bool = False,
+         longest_tokens: int | None = None) -> Plan:
+    """The plan for requests of `prompt_tokens` + `output_tokens` (module docstring), with FP8
+    weights and KV cache when `fp8`; ValueError naming the problem for a bad argument, or
+    weights or a request (of `longest_tokens`, by default prompt + output) that do not fit."""
     _check(gpus_per_replica=gpus_per_replica, prompt_tokens=prompt_tokens,
            output_tokens=output_tokens, max_num_seqs=max_num_seqs,
            max_num_batched_tokens=max_num_batched_tokens)
@@ -97,13 +110,15 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus_per_replica: int = 1, prompt_to
         raise ValueError(f"memory_utilization must be in (0, 1], got {memory_utilization:g}")
     preset = Preset(f"{model.name}-{gpus_per_replica}x{gpu.name}", model, gpu,
                     num_gpus=gpus_per_replica, gpu_memory_utilization=memory_utilization,
-                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                    fp8_weights=fp8, fp8_kv_cache=fp8)
     d = _derive(preset)
     seq_tokens = prompt_tokens + output_tokens
     fit = d.sequences_that_fit(seq_tokens)
-    if fit < 1:
+    longest = max(seq_tokens, longest_tokens or 0)
+    if d.sequences_that_fit(longest) < 1:
         raise ValueError(
-            f"one request of {seq_tokens} tokens needs more KV than the replica's cache holds "
+            f"one request of {longest} tokens needs more KV than the replica's cache holds "
             f"({d.kv_tokens_capacity()} tokens); use more GPUs per replica or shorter requests")
 
     idle_ttft = _prefill_s(d, prompt_tokens, max_num_batched_tokens)
@@ -143,12 +158,12 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus_per_replica: int = 1, prompt_to
                                                                      output_tokens)),
         bandwidth_ceiling_tokens_per_s=gpus_per_replica * gpu.bandwidth / d.weight_bytes,
         prefill_tokens_per_s=prefill_tps, idle_ttft_s=idle_ttft, saturated=saturated, slo=slo,
-        fleet=fleet, warnings=tuple(warnings))
+        fleet=fleet, warnings=tuple(warnings), fp8=fp8)
 
 
 def _derive(preset: Preset) -> Derived:
     model, gpu = preset.model, preset.gpu
-    weights = model.weight_bytes
+    weights = weight_bytes(preset)
     memory = preset.num_gpus * gpu.hbm_bytes * preset.gpu_memory_utilization
     where = (f"{preset.num_gpus} x {gpu.name} at memory utilization "
              f"{preset.gpu_memory_utilization:g} ({memory / 1e9:.1f} GB)")

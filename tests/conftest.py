@@ -109,6 +109,8 @@ MODULES = {
     "test_loadtest_split_frontier": "unit",
     "test_locust": "bench",
     "test_plan": "unit",
+    "test_plan_fleet": "unit",
+    "test_fidelity": "unit",
     "test_route_eval": "unit",
     "test_routing_admission": "unit",
     "test_routing_cost": "unit",

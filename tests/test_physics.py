@@ -22,13 +22,18 @@ from routing.ttft import BackendProfile
 @pytest.mark.parametrize(
     ("name", "blocks", "kv_bytes_per_token"),
     [
-        pytest.param("llama-3-8b-h100", 26674, 131072, id="llama-3-8b on H100"),
-        pytest.param("llama-3-8b-a100", 26674, 131072, id="llama-3-8b on A100"),
-        pytest.param("llama-3-8b-l40s", 12941, 131072, id="llama-3-8b on L40S"),
-        pytest.param("llama-3-8b-l4", 2641, 131072, id="llama-3-8b on L4"),
-        pytest.param("llama-3-70b-2xh100", 3585, 327680, id="llama-3-70b on 2 x H100"),
-        pytest.param("llama-3.2-1b-l40s", 77667, 32768, id="llama-3.2-1b on L40S"),
-        pytest.param("qwen2.5-0.5b-l4", 104838, 12288, id="qwen2.5-0.5b on L4"),
+        pytest.param("llama-3-8b-h100", 26021, 131072, id="llama-3-8b on H100"),
+        pytest.param("llama-3-8b-a100", 26021, 131072, id="llama-3-8b on A100"),
+        pytest.param("llama-3-8b-l40s", 12288, 131072, id="llama-3-8b on L40S"),
+        pytest.param("llama-3-8b-l4", 1988, 131072, id="llama-3-8b on L4"),
+        pytest.param("llama-3-8b-h200", 52199, 131072, id="llama-3-8b on H200"),
+        pytest.param("llama-3-8b-b200", 68936, 131072, id="llama-3-8b on B200"),
+        pytest.param("llama-3-70b-2xh100", 2960, 327680, id="llama-3-70b on 2 x H100"),
+        pytest.param("llama-3-70b-4xh100", 26929, 327680, id="llama-3-70b on 4 x H100"),
+        pytest.param("llama-3-70b-2xh100-fp8", 26750, 163840,
+                     id="llama-3-70b FP8 on 2 x H100: half the weights, half the KV per token"),
+        pytest.param("llama-3.2-1b-l40s", 75695, 32768, id="llama-3.2-1b on L40S"),
+        pytest.param("qwen2.5-0.5b-l4", 100394, 12288, id="qwen2.5-0.5b on L4"),
     ],
 )
 def test_every_preset_gets_the_kv_blocks_its_gpu_memory_and_model_figures_give(

@@ -427,7 +427,7 @@ def test_a_first_token_after_the_attempt_finished_teaches_nothing() -> None:
 
 # SLO admission: past the TPOT SLO, one more request would slow every reply on the backend.
 
-def flood(d: Dispatcher, at: float = 0.0, limit: int = 20, tpot_s: float = 0.03
+def flood(d: Dispatcher, at: float = 0.0, limit: int = 20, tpot_s: float = 0.036
           ) -> tuple[list[Dispatch], Waiting | Rejection]:
     """One short reply measured at `tpot_s` (the gate waits for a backend's first speed
     reading), then distinct long prompts at `at` until one is not dispatched: their prefill

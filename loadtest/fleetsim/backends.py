@@ -17,6 +17,7 @@ from loadtest.sim.presets import (
     DEFAULT_PRESET,
     PRESETS,
     Preset,
+    lookup,
 )
 
 MAX_BACKENDS = 256
@@ -27,10 +28,12 @@ def preset_names() -> tuple[str, ...]:
 
 
 def find_preset(name: str) -> Preset:
-    """`kvgate sim`'s preset of that name; ValueError naming the known ones otherwise."""
-    preset = PRESETS.get(name)
+    """`kvgate sim`'s preset of that name, or a deployment named `MODEL-[Nx]GPU[-fp8]`
+    (`loadtest.sim.presets.lookup`); ValueError naming the known ones otherwise."""
+    preset = lookup(name)
     if preset is None:
-        raise ValueError(f"unknown preset {name!r}; known: {', '.join(preset_names())}")
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(preset_names())}, or "
+                         "MODEL-[Nx]GPU[-fp8]")
     return preset
 
 
