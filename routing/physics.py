@@ -39,7 +39,7 @@ reserved null block.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 # The two efficiencies, the step overhead and the NVLink latency are fitted to published engine
@@ -296,6 +296,9 @@ LLAMA_3_70B = ModelSpec("llama-3-70b", num_params=70.6e9, num_layers=80, num_att
 LLAMA_3_2_1B = ModelSpec("llama-3.2-1b", num_params=1.24e9, num_layers=16, num_attention_heads=32,
                          num_kv_heads=8, head_dim=64, max_model_len=32768, hidden_size=2048,
                          intermediate_size=8192)
+# Llama 3.1: the same networks with a 128k-token context (for long-context traces).
+LLAMA_3_1_8B = replace(LLAMA_3_8B, name="llama-3.1-8b", max_model_len=131072)
+LLAMA_3_1_70B = replace(LLAMA_3_70B, name="llama-3.1-70b", max_model_len=131072)
 QWEN_2_5_0_5B = ModelSpec("qwen2.5-0.5b", num_params=0.494e9, num_layers=24,
                           num_attention_heads=14, num_kv_heads=2, head_dim=64, max_model_len=32768,
                           hidden_size=896, intermediate_size=4864, vocab_size=151_936)
@@ -304,7 +307,8 @@ QWEN_2_5_0_5B = ModelSpec("qwen2.5-0.5b", num_params=0.494e9, num_layers=24,
 GPUS: Mapping[str, GpuSpec] = MappingProxyType({
     "h100": H100_SXM, "h200": H200_SXM, "b200": B200, "a100": A100_SXM, "l40s": L40S, "l4": L4})
 MODELS: Mapping[str, ModelSpec] = MappingProxyType(
-    {m.name: m for m in (LLAMA_3_8B, LLAMA_3_70B, LLAMA_3_2_1B, QWEN_2_5_0_5B)})
+    {m.name: m for m in (LLAMA_3_8B, LLAMA_3_70B, LLAMA_3_1_8B, LLAMA_3_1_70B, LLAMA_3_2_1B,
+                         QWEN_2_5_0_5B)})
 
 
 def deployment_name(model: str, gpu: str, num_gpus: int = 1, fp8: bool = False) -> str:

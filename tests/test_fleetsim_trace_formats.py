@@ -274,3 +274,24 @@ def test_trace_problems_exit_2_with_one_line(extra: list[str], message: str, tmp
     assert kvgate([*TINY, *(str(bad) if x == "BAD" else x for x in extra)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+
+
+def test_prompts_past_an_8k_context_are_served_by_a_long_context_model(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Mooncake's conversations run past Llama 3's 8,192 tokens: on those presets such a
+    prompt is skipped and counted, and the summary names a model that serves it; a Llama 3.1
+    fleet (128k context) replays every one."""
+    trace = tmp_path / "long.jsonl"
+    blocks = [20, 20, 2, 20, 20]  # of 512 tokens: one prompt of 1,024, four of 10,240
+    trace.write_text("".join(
+        json.dumps({"timestamp": 500 * i, "input_length": n * 512, "output_length": 64,
+                    "hash_ids": list(range(100 * i, 100 * i + n))}) + "\n"
+        for i, n in enumerate(blocks)))
+    short = ["simulate", "--policies", "round_robin", "--quiet", "--trace", str(trace)]
+    assert kvgate([*short, "--backends", "1xllama-3-8b-h100"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped 4 longer than the 8192-token context" in out and "llama-3.1-8b" in out
+    assert kvgate([*short, "--backends", "1xllama-3.1-8b-h100", "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["config"]["trace"]["skipped_too_long"] == 0
+    assert doc["points"][0]["policies"]["round_robin"]["runs"][0]["completed"] == 5

@@ -90,7 +90,9 @@ class TraceInfo:
     def describe(self) -> str:
         skipped = [f"{n} {what}" for n, what in (
             (self.failed, "failed (no reply)"),
-            (self.too_long, f"longer than the {self.max_context}-token context")) if n]
+            (self.too_long, f"longer than the {self.max_context}-token context (a "
+                            "long-context model serves them: --backends 4xllama-3.1-8b-h100)"))
+            if n]
         return (f"trace{' ' + self.source if self.source else ''} ({self.format}): "
                 f"{self.requests} requests over {self.span_s:.1f} s "
                 f"({self.native_rate_rps:.2f} requests/s native)"
