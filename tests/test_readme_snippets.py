@@ -7,6 +7,7 @@ drifts from the product fails here; the only changes made are the ports (free on
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import re
@@ -58,12 +59,10 @@ def wait_ready(url: str, proc: subprocess.Popen[str], path: str = "/ready") -> N
     deadline = time.monotonic() + START_DEADLINE_S
     while True:
         assert proc.poll() is None, f"{proc.args} exited: {proc.communicate()[1]}"
-        try:
+        with contextlib.suppress(urllib.error.URLError, ConnectionError):  # not listening yet
             with urllib.request.urlopen(url + path, timeout=5) as resp:
                 if resp.status == 200:
                     return
-        except (urllib.error.URLError, ConnectionError):
-            pass
         assert time.monotonic() < deadline, f"{url}{path} never answered 200"
         time.sleep(0.1)
 

@@ -20,6 +20,7 @@ format from the first non-blank line: a CSV header, or the keys of the first JSO
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime
 import functools
@@ -121,10 +122,8 @@ def _integer(value: Any, what: str, number: int, low: int) -> int:
 
 def _seconds(value: Any, what: str, number: int) -> float:
     if isinstance(value, str):
-        try:
+        with contextlib.suppress(ValueError):  # a string that is no number: refused below
             value = float(value.strip())
-        except ValueError:
-            pass
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         raise ValueError(f"trace line {number}: {what} must be a number >= 0, got {value!r}")
     return float(value)
