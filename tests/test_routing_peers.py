@@ -12,9 +12,12 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from gateway.cli import main as kvgate
+from loadtest import bench_peers
 from loadtest.fleetsim.backends import parse_fleet
 from loadtest.fleetsim.cache_view import ExactCacheView
+from loadtest.fleetsim.experiment import Contender, Experiment, run_experiment
 from loadtest.sim.engine import Engine, SimRequest
+from loadtest.workloads import workload
 from routing.policies import PROFILES, PolicyContext, build_router
 from routing.policy import Router, Scored
 from routing.prefix import PrefixChain, prefix_chain
@@ -233,3 +236,28 @@ def test_simulate_runs_every_peer_with_and_without_admission(
             run = doc["points"][0]["policies"][label]["runs"][0]
             assert run["completed"] + run["rejected"] == run["requests"] > 0
             assert run["prefix_hit_rate"] > 0
+
+
+def test_the_peers_benchmark_compares_cost_with_the_best_peer_behind_the_same_admission(
+) -> None:
+    contenders = (Contender("least_kv", True), Contender("gie_default", True),
+                  Contender("least_kv", False), bench_peers.KVGATE)
+    report = run_experiment(Experiment(fleet=parse_fleet("2"), contenders=contenders,
+                                       workload=workload("chat"), rates=(8.0,), duration_s=3.0,
+                                       seeds=(0,)))
+    point = report.points[0]
+    rows = {row[1]: row for row in bench_peers.checks("chat", point)}
+    assert set(rows) == {"p99 TTFT", "SLO misses", "median TPOT"}
+
+    def mean(c: Contender, figure: str) -> float:
+        value = point.spread_of(c)[figure].mean
+        assert value is not None
+        return value
+
+    peers = {c.label: mean(c, "ttft_p99_s") for c in contenders[:2]}  # the bare run is no peer
+    best = min(peers, key=lambda label: peers[label])
+    assert f"x {best} (" in rows["p99 TTFT"][2]
+    assert rows["p99 TTFT"][4] == f"{mean(bench_peers.KVGATE, 'ttft_p99_s') / peers[best]:.2f}x"
+    assert "gie_default+adm" in rows["median TPOT"][2]
+    table = bench_peers.headline_table("chat", report)
+    assert [row[0] for row in table.rows] == [c.label for c in contenders]
