@@ -3,6 +3,11 @@ its targets.
 
     .venv/bin/python -m loadtest.bench_fleet [--duration 600] [--seeds 0,1,2,3,4] [--jobs 2]
                                              [--json FILE] [--plot FILE.png] [--no-record]
+    .venv/bin/python -m loadtest.bench_fleet --peers [--duration 60] ...
+
+`--peers` runs the peers' benchmark instead (loadtest/bench_peers.py): cost with admission
+against SGLang's, Dynamo's, llm-d's, the Inference Extension's and AIBrix's policies, each bare
+and with the same admission, on five workloads.
 
 Scenarios, all on 8 heterogeneous backends (4 x llama-3-8b on H100, 4 x the same model on L40S),
 Poisson arrivals, default scrape interval and one gateway replica:
@@ -36,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest import bench_peers
 from loadtest.fleetsim.backends import parse_fleet
 from loadtest.fleetsim.experiment import Contender, Experiment, Point, Report, run_experiment
 from loadtest.fleetsim.report import COLUMNS, SPREAD_FIGURES, plot, table
@@ -183,8 +189,11 @@ def scenario_tables(name: str, report: Report) -> list[Table]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_fleet", description=__doc__.split("\n")[0])
-    parser.add_argument("--duration", type=float, default=DEFAULT_DURATION_S,
-                        help="seconds of arrivals")
+    parser.add_argument("--duration", type=float, default=None,
+                        help=f"seconds of arrivals (default {DEFAULT_DURATION_S:g}; --peers: "
+                             f"{bench_peers.DEFAULT_DURATION_S:g})")
+    parser.add_argument("--peers", action="store_true",
+                        help="the peers' benchmark (loadtest/bench_peers.py)")
     parser.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)),
                         help="comma-separated seeds")
     parser.add_argument("--jobs", type=int, default=1, help="processes (results do not change)")
@@ -198,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
+
+    if args.peers:
+        return bench_peers.run(args, fleet, seeds, argv, say)
+    if args.duration is None:
+        args.duration = DEFAULT_DURATION_S
 
     def experiment(name: str, contenders: tuple[Contender, ...], loads: tuple[float, ...]
                    ) -> Report:

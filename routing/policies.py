@@ -7,6 +7,15 @@ scorers with named, overridable weights, then one picker), and the plugins by na
 - power_of_two: two drawn at random, the one with fewer in flight (least_request 1).
 - kv_util: the Gateway API Inference Extension's default: queue 2, kv_cache 2, prefix 3.
 - prefix_hash: consistent hashing of the prefix with bounded load, 1.25 x mean (prefix_hash 1).
+- cache_aware: the SGLang / vLLM router's cache-aware rule (routing/scheduling/peers.py): least
+  loaded when imbalanced (abs 64, rel 1.5), else the longest prefix match above 0.3 of the text,
+  else the smallest tree.
+- dynamo_kv: NVIDIA Dynamo's KV router: lowest 1.0 x uncached prompt blocks + active blocks,
+  softmax temperature 0.
+- precise_prefix: llm-d's precise prefix-cache scorer 3 (the engines' exact cache, when a
+  `cache_view` is given), kv_cache 2, queue 2.
+- gie_default: kv_util under the Inference Extension's name (the same profile).
+- least_kv: AIBrix's least-kv-cache: the least KV cache usage (kv_cache 1).
 - cost (the default): KV high-water filter, then long prompts to slower backends
   (routing/scheduling/offload.py), then a request to an idle backend whose speed is not measured
   yet (routing/scheduling/probe.py); ttft 2, goodput 2, prefill_load 4.5, preemption 1, prefix
@@ -36,6 +45,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import cast
 
 from routing.policy import DispatchHook, Filter, Picker, Router, Scorer, Weighted
 from routing.scheduling.affinity import (
@@ -50,6 +60,15 @@ from routing.scheduling.goodput import GoodputParams, GoodputScorer
 from routing.scheduling.latency import PreemptionScorer, PrefillLoadScorer, TtftScorer
 from routing.scheduling.load_scorers import KvUtilizationScorer, LeastRequestScorer, QueueScorer
 from routing.scheduling.offload import OffloadParams, PrefillOffloadFilter
+from routing.scheduling.peers import (
+    CacheAwareParams,
+    CacheAwareScorer,
+    CacheView,
+    DynamoCostScorer,
+    DynamoParams,
+    ExactPrefixScorer,
+    SoftmaxPicker,
+)
 from routing.scheduling.pickers import (
     MaxScorePicker,
     PowerOfTwoPicker,
@@ -77,6 +96,11 @@ class PolicyContext:
     offload: OffloadParams = field(default_factory=OffloadParams)
     probe: ProbeParams = field(default_factory=ProbeParams)
     goodput: GoodputParams = field(default_factory=GoodputParams)
+    cache_aware: CacheAwareParams = field(default_factory=CacheAwareParams)
+    dynamo: DynamoParams = field(default_factory=DynamoParams)
+    # The engines' exact prefix-cache state, where it is known (the fleet simulation's): read by
+    # precise_prefix and dynamo_kv; without it they use the gateway's prefix index.
+    cache_view: CacheView | None = None
 
 
 # A filter plugin: the filter, and its learning hook if it has one; None: turned off by its
@@ -116,13 +140,17 @@ SCORERS: Mapping[str, Callable[[PolicyContext], Scorer]] = MappingProxyType({
     "prefill_load": lambda _: PrefillLoadScorer(),
     "preemption": lambda _: PreemptionScorer(),
     "session": lambda _: SessionAffinityScorer(),
+    "cache_aware": lambda ctx: CacheAwareScorer(ctx.cache_aware),
+    "dynamo_cost": lambda ctx: DynamoCostScorer(ctx.dynamo, ctx.cache_view),
+    "precise_prefix": lambda ctx: ExactPrefixScorer(ctx.cache_view),
 })
 
-PICKERS: Mapping[str, Callable[[random.Random], Picker]] = MappingProxyType({
-    "max_score": MaxScorePicker,
-    "round_robin": RoundRobinPicker,
-    "random": RandomPicker,
-    "power_of_two": PowerOfTwoPicker,
+PICKERS: Mapping[str, Callable[[PolicyContext], Picker]] = MappingProxyType({
+    "max_score": lambda ctx: MaxScorePicker(ctx.rng),
+    "round_robin": lambda ctx: RoundRobinPicker(ctx.rng),
+    "random": lambda ctx: RandomPicker(ctx.rng),
+    "power_of_two": lambda ctx: PowerOfTwoPicker(ctx.rng),
+    "softmax": lambda ctx: SoftmaxPicker(ctx.rng, ctx.dynamo.router_temperature),
 })
 
 
@@ -136,15 +164,24 @@ class ProfileSpec:
     filters: tuple[str, ...] = ()
 
 
-# The one registry of policies by name.
+_GIE_DEFAULT = ProfileSpec("max_score", {"queue": ("queue", 2.0), "kv_cache": ("kv_cache", 2.0),
+                                         "prefix": ("prefix", 3.0)})
+
+# The one registry of policies by name: the baselines, the peers' policies, then kvgate's own.
 PROFILES: Mapping[str, ProfileSpec] = MappingProxyType({
     "round_robin": ProfileSpec("round_robin"),
     "random": ProfileSpec("random"),
     "least_request": ProfileSpec("max_score", {"least_request": ("least_request", 1.0)}),
     "power_of_two": ProfileSpec("power_of_two", {"least_request": ("least_request", 1.0)}),
-    "kv_util": ProfileSpec("max_score", {"queue": ("queue", 2.0), "kv_cache": ("kv_cache", 2.0),
-                                         "prefix": ("prefix", 3.0)}),
+    "kv_util": _GIE_DEFAULT,
     "prefix_hash": ProfileSpec("max_score", {"prefix_hash": ("prefix_hash", 1.0)}),
+    "cache_aware": ProfileSpec("max_score", {"cache_aware": ("cache_aware", 1.0)}),
+    "dynamo_kv": ProfileSpec("softmax", {"dynamo_cost": ("dynamo_cost", 1.0)}),
+    "precise_prefix": ProfileSpec(
+        "max_score", {"precise_prefix": ("precise_prefix", 3.0), "kv_cache": ("kv_cache", 2.0),
+                      "queue": ("queue", 2.0)}),
+    "gie_default": _GIE_DEFAULT,
+    "least_kv": ProfileSpec("max_score", {"kv_cache": ("kv_cache", 1.0)}),
     "cost": ProfileSpec(
         "max_score",
         {"ttft": ("ttft", 2.0), "goodput": ("goodput", 2.0),
@@ -187,5 +224,7 @@ def build_router(name: str, ctx: PolicyContext) -> Router:
                 hooks.append(plugin[1])
     scorers = tuple(Weighted(SCORERS[plugin_name](ctx), ctx.weights.get(key, default))
                     for key, (plugin_name, default) in spec.scorers.items())
-    return Router(name, picker=PICKERS[spec.picker](ctx.rng), filters=filters, scorers=scorers,
+    # A scorer that learns from dispatches (cache_aware's tree) is its own hook.
+    hooks += [cast(DispatchHook, w.scorer) for w in scorers if hasattr(w.scorer, "dispatched")]
+    return Router(name, picker=PICKERS[spec.picker](ctx), filters=filters, scorers=scorers,
                   hooks=hooks)

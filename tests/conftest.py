@@ -53,6 +53,7 @@ MODULES = {
     "test_engines_llamacpp": "engines",
     "test_engines_vllm": "engines",
     "test_fleetsim_cli": "unit",
+    "test_routing_peers": "unit",
     "test_fleetsim_loop": "unit",
     "test_fleetsim_progress": "unit",
     "test_easy_hard": "unit",

@@ -20,8 +20,8 @@ from routing.scheduling.cycle import CycleState
 from routing.state import Candidate
 from tests.test_routing_scorers import PROMPT, cand, context_for, tpot_pred
 
-ALL = ("cost", "kv_util", "least_request", "power_of_two", "prefix_hash", "random",
-       "round_robin")
+ALL = ("cache_aware", "cost", "dynamo_kv", "gie_default", "kv_util", "least_kv",
+       "least_request", "power_of_two", "precise_prefix", "prefix_hash", "random", "round_robin")
 
 
 def router(name: str, seed: int = 0, **weights: float) -> Router:

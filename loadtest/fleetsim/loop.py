@@ -38,6 +38,7 @@ from itertools import pairwise
 from types import MappingProxyType
 
 from loadtest.fleetsim.backends import FleetSpec
+from loadtest.fleetsim.cache_view import ExactCacheView
 from loadtest.fleetsim.snapshot import snapshot
 from loadtest.sim.engine import Engine, SimRequest, StepResult
 from loadtest.workloads import WorkItem
@@ -175,12 +176,17 @@ class _Run:
         specs = [BackendSpec(id=b.id, url=f"sim://{b.id}", models=(self.model,))
                  for b in self.backends]
         dispatch_config = replace(config.dispatch, admission=config.admission)
+        # The engines' exact prefix caches, for the policies that read them (llm-d's precise
+        # scorer, Dynamo's KV events).
+        self.cache_view = ExactCacheView({b.id: b.engine for b in self.backends},
+                                         model=self.model,
+                                         block_chars=config.dispatch.prefix_block_chars)
         self.replicas = []
         for r in range(config.replicas):
             rng = random.Random(f"kvgate-simulate:{config.seed}:{config.policy}:{r}")
             router = build_router(config.policy, PolicyContext(
                 rng=rng, weights=config.weights, slo=config.dispatch.slo,
-                offload_long_prompts=config.offload_long_prompts))
+                offload_long_prompts=config.offload_long_prompts, cache_view=self.cache_view))
             replica_fleet = Fleet(specs, max_snapshot_age=config.max_snapshot_age_s)
             self.replicas.append(_Replica(
                 r, replica_fleet, Dispatcher(replica_fleet, router, CostModel(),
@@ -271,8 +277,10 @@ class _Run:
         replica = self.replicas[i % len(self.replicas)]
         request_id = f"r{i}"
         self.index_of[request_id] = i
+        prompt = conversation_text(item.messages())
+        self.cache_view.expect(prompt, item.prompt_ids)
         job = Job(request_id=request_id, model=self.model,
-                  prompt=conversation_text(item.messages()), max_tokens=item.max_tokens,
+                  prompt=prompt, max_tokens=item.max_tokens,
                   session=item.conversation, stream=True, ignore_eos=item.ignore_eos)
         out = replica.dispatcher.submit(job, now)
         if isinstance(out, Dispatch):

@@ -52,6 +52,7 @@ COLUMNS: tuple[tuple[str, str, _Fmt], ...] = (
     ("e2e_p99_s", "E2E p99", _ms),
     ("output_tokens_per_s", "tok/s", _num),
     ("goodput_rps", "goodput", _rate),
+    ("slo_misses", "SLO miss", _num),
     ("preemptions", "preempt", _num),
     ("reservation_misses", "miss", _num),
     ("prefix_hit_rate", "hit", _pct),

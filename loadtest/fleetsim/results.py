@@ -6,6 +6,8 @@ Definitions (all over the requests that arrived in the run's window):
   the last token. Percentiles are nearest-rank over completed requests.
 - goodput: completed requests per second of the arrival window that met BOTH SLOs (TTFT <=
   slo_ttft_s and, for replies of two tokens or more, TPOT <= slo_tpot_s).
+- SLO misses: requests that did not meet both SLOs, refused ones included (requests - the
+  completed ones goodput counts).
 - output tokens/s: every delivered token over the makespan (start to the last completion).
 - prefix-cache hit rate: prompt tokens served from the engines' prefix caches over prompt tokens
   queried, fleet-wide (vLLM's counters).
@@ -62,6 +64,7 @@ class Summary:
     e2e_p99_s: float | None
     output_tokens_per_s: float
     goodput_rps: float
+    slo_misses: int
     preemptions: int
     reservation_misses: int
     prefix_hit_rate: float | None
@@ -115,6 +118,7 @@ def summarize(run: RunOutcome, slo: Slo) -> Summary:
         e2e_p99_s=percentile(e2e, 0.99),
         output_tokens_per_s=tokens / run.makespan_s if run.makespan_s > 0 else 0.0,
         goodput_rps=good / run.duration_s,
+        slo_misses=len(run.requests) - good,
         preemptions=sum(b.preemptions for b in run.backends),
         reservation_misses=sum(1 for r in done if r.reservation_missed),
         prefix_hit_rate=hits / queries if queries else None,

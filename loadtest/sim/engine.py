@@ -101,6 +101,11 @@ class RunningSeq(NamedTuple):
     decoded: int  # output tokens sampled so far
 
 
+def root_key(extra_key: str = "") -> int:
+    """The parent hash of a sequence's first block: its cache-separating key (adapter, salt)."""
+    return hash((zlib.crc32(extra_key.encode()), 0x6B76))
+
+
 class _Seq:
     """The engine's mutable state of one request.
 
@@ -128,7 +133,7 @@ class _Seq:
         self.hashes: list[int] = []  # hash chain of full blocks of known tokens, computed lazily
         self.num_registered = 0  # leading blocks registered in the prefix cache
         self.num_cached_tokens = 0
-        self.root = hash((zlib.crc32(request.extra_key.encode()), 0x6B76))
+        self.root = root_key(request.extra_key)
         self.admitted = False  # admitted at least once (prefix counters count only the first)
         self.done = False
         self.order = 0  # admission number: running order is ascending order
@@ -520,6 +525,12 @@ class Engine:
             generation_tokens_total=self._generation_tokens,
             finished=MappingProxyType(dict(self._finished)),
         )
+
+    def cached_prefix_tokens(self, hashes: list[int]) -> int:
+        """Tokens of a prompt the prefix cache holds now, given the prompt's block hash chain
+        (`chain_hashes(root_key(...), prompt, block_size)`, all but a last token's block, as
+        admission looks it up). Reads the cache, changes nothing."""
+        return len(self._pool.lookup(hashes)) * self.block_size
 
     def running_sequences(self) -> list[RunningSeq]:
         """The running sequences in admission order, with their counters as of now (a decoding
