@@ -2,7 +2,7 @@
 
     python -m loadtest.easy_hard [--rate 12] [--duration 300] [--seeds 0,1,2]
         [--large 1xllama-3-8b-l40s] [--small 1xllama-3.2-1b-l40s] [--policy cost]
-        [--no-record]
+        [--reservation-quantiles 0.9] [--no-record]
 
 The workload `easy-hard` (also `kvgate simulate --workload easy-hard`, which replays it on one
 pool: the everything-large baseline) draws each request from the eval split of
@@ -17,8 +17,11 @@ This runner replays the same schedule twice: everything to the large pool, and r
 alias (what it sends small to the small pool, the rest to the large one: two pools serving two
 models, each simulated with the gateway's own routing, ledger and admission). Reported per run:
 the share served small, the hard prompts sent small, the large pool's mean KV usage and the hard
-requests' TTFT and TPOT p99 on it (what the easy ones stop costing them), and goodput (both SLOs
-met, requests a second) of all requests, routed against all-large. Into
+requests' TTFT and TPOT p99 on it (what the easy ones stop costing them; of the hard requests
+served, beside how many the gateway refused, its queue timing out), the large pool's
+preemptions, and goodput (both SLOs met, requests a second) of all requests, routed against
+all-large. Each of --reservation-quantiles (routing.reservation_quantile: the quantile of the
+model's learned reply lengths a request's KV reservation holds) is one pair of runs. Into
 `loadtest/results/bench_easy_hard.json` unless --no-record.
 """
 
@@ -53,6 +56,7 @@ from routing.difficulty.labelled import read_prompts
 from routing.difficulty.model import score
 from routing.difficulty.weights import shipped
 from routing.model_select import Ask, SmallModelRoute, certain
+from routing.output_length import DEFAULT_RESERVATION_QUANTILE
 
 NAME = "easy-hard"
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "routing_prompts.jsonl"
@@ -113,7 +117,9 @@ class Figures:
     small_share: float  # of all requests, served by the small pool
     hard: int
     hard_small: int  # hard requests sent small
+    hard_refused: int  # hard requests the large pool's gateway refused (its queue timed out)
     large_kv: float  # the large pool's mean KV usage
+    large_preemptions: int
     hard_ttft_p99_s: float | None  # hard requests (on the large pool)
     hard_tpot_p99_s: float | None
     goodput_rps: float  # every request meeting both SLOs, a second
@@ -125,7 +131,8 @@ def figures(items: Sequence[WorkItem], runs: Sequence[RunOutcome], slo: Slo,
     the large pool's alone, everything sent to it, when not `routed`)."""
     large = runs[0]
     requests = [r for run in runs for r in run.requests]
-    hard = [r for r in large.requests if r.kind.startswith("hard") and r.rejected is None]
+    every_hard = [r for r in large.requests if r.kind.startswith("hard")]
+    hard = [r for r in every_hard if r.rejected is None]
     small = sum(sent_small(item) for item in items) if routed else 0
     good = sum(1 for r in requests if r.rejected is None and slo.met(r, r.tpot_s))
     usage = [b.mean_kv_usage for b in large.backends]
@@ -134,7 +141,9 @@ def figures(items: Sequence[WorkItem], runs: Sequence[RunOutcome], slo: Slo,
         requests=len(items), small_share=small / len(items) if items else 0.0,
         hard=sum(item.kind.startswith("hard") for item in items),
         hard_small=sum(item.kind == "hard-small" for item in items) if routed else 0,
+        hard_refused=len(every_hard) - len(hard),
         large_kv=statistics.fmean(usage) if usage else 0.0,
+        large_preemptions=sum(b.preemptions for b in large.backends),
         hard_ttft_p99_s=percentile(sorted(r.ttft_s for r in hard), 0.99),
         hard_tpot_p99_s=percentile(tpots, 0.99), goodput_rps=good / duration_s)
 
@@ -146,11 +155,14 @@ def spec() -> Workload:
 
 
 def compare(large: FleetSpec, small: FleetSpec, *, rate: float, duration_s: float, seed: int,
-            policy: str = "cost", slo: Slo | None = None) -> tuple[Figures, Figures]:
+            policy: str = "cost", slo: Slo | None = None,
+            reservation_quantile: float = DEFAULT_RESERVATION_QUANTILE,
+            ) -> tuple[Figures, Figures]:
     """(everything large, routed by the alias) on one seed's schedule of the workload."""
     slo = slo or Slo()
     items = schedule(spec(), rate=rate, duration_s=duration_s, seed=seed)
-    config = SimConfig(policy=policy, admission=True, seed=seed)
+    config = SimConfig(policy=policy, admission=True, seed=seed,
+                       reservation_quantile=reservation_quantile)
     everything = simulate(items, large, config, duration_s=duration_s)
     big = tuple(item for item in items if not sent_small(item))
     little = tuple(item for item in items if sent_small(item))
@@ -165,14 +177,16 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{1000 * value:.0f}"
 
 
-def row(label: str, seed: int, f: Figures) -> list[object]:
-    return [label, seed, f.requests, f"{100 * f.small_share:.1f}%", f"{f.hard_small}/{f.hard}",
-            f"{100 * f.large_kv:.1f}%", _ms(f.hard_ttft_p99_s), _ms(f.hard_tpot_p99_s),
+def row(label: str, quantile: float, seed: int, f: Figures) -> list[object]:
+    return [label, f"{quantile:g}", seed, f.requests, f"{100 * f.small_share:.1f}%",
+            f"{f.hard_small}/{f.hard}", f.hard_refused, f"{100 * f.large_kv:.1f}%",
+            f.large_preemptions, _ms(f.hard_ttft_p99_s), _ms(f.hard_tpot_p99_s),
             f"{f.goodput_rps:.2f}"]
 
 
-COLUMNS = ("run", "seed", "requests", "served small", "hard sent small", "large KV",
-           "hard TTFT p99 ms", "hard TPOT p99 ms", "goodput rps")
+COLUMNS = ("run", "reservation q", "seed", "requests", "served small", "hard sent small",
+           "hard refused", "large KV", "large preemptions", "hard TTFT p99 ms",
+           "hard TPOT p99 ms", "goodput rps")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -187,19 +201,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--small", default="1xllama-3.2-1b-l40s",
                         help="the small pool (default 1xllama-3.2-1b-l40s)")
     parser.add_argument("--policy", default="cost", help="routing policy (default cost)")
+    parser.add_argument("--reservation-quantiles", default=f"{DEFAULT_RESERVATION_QUANTILE:g}",
+                        help="comma-separated routing.reservation_quantile values, one pair of "
+                        f"runs each (default {DEFAULT_RESERVATION_QUANTILE:g})")
     add_arguments(parser)
     args = parser.parse_args(argv)
     large, small = parse_fleet(args.large), parse_fleet(args.small)
     rows: list[list[object]] = []
-    for seed in (int(x) for x in args.seeds.split(",") if x.strip()):
-        base, routed = compare(large, small, rate=args.rate, duration_s=args.duration,
-                               seed=seed, policy=args.policy)
-        rows += [row("all large", seed, base), row("auto", seed, routed)]
+    quantiles = [float(x) for x in args.reservation_quantiles.split(",") if x.strip()]
+    for quantile in quantiles:
+        for seed in (int(x) for x in args.seeds.split(",") if x.strip()):
+            base, routed = compare(large, small, rate=args.rate, duration_s=args.duration,
+                                   seed=seed, policy=args.policy, reservation_quantile=quantile)
+            rows += [row("all large", quantile, seed, base), row("auto", quantile, seed, routed)]
     table = Table("Easy and hard prompts: everything large, or routed by the alias", COLUMNS,
                   rows, f"{args.rate:g} requests/s for {args.duration:g} s (Poisson), large pool "
                   f"{args.large}, small pool {args.small}, policy {args.policy} with admission; "
-                  "hard TTFT/TPOT are the hard requests' on the large pool; goodput counts "
-                  "requests meeting TTFT 1 s and TPOT 50 ms.")
+                  "hard TTFT/TPOT are those of the hard requests the large pool served, hard "
+                  "refused those whose wait in its gateway queue timed out (30 s); reservation "
+                  "q is routing.reservation_quantile; goodput counts requests meeting TTFT 1 s "
+                  "and TPOT 50 ms.")
     width = [max(len(str(cell)) for cell in column) for column in zip(COLUMNS, *rows,
                                                                         strict=True)]
     for line in (COLUMNS, *rows):

@@ -89,9 +89,9 @@ class FaultyStore(MemoryStore):
         if self.fault == "hang":
             await self._never.wait()
 
-    async def get(self, id: str) -> Entry | None:
+    async def get(self, id: str, *, vector: bool = True) -> Entry | None:
         await self._reach("get")
-        return await super().get(id)
+        return await super().get(id, vector=vector)
 
     async def nearest(self, namespace: str, vector: Vector, threshold: float,
                       admits: Admits | None = None) -> tuple[Entry, float] | None:
@@ -102,9 +102,9 @@ class FaultyStore(MemoryStore):
         await self._reach("put")
         await super().put(entry)
 
-    async def bump(self, counter: str) -> None:
+    async def bump(self, counter: str, by: int = 1) -> None:
         await self._reach("bump")
-        await super().bump(counter)
+        await super().bump(counter, by)
 
 
 class CorruptStore(MemoryStore):
@@ -118,7 +118,7 @@ class CorruptStore(MemoryStore):
         self._tier = tier
         self.lookups = 0
 
-    async def get(self, id: str) -> Entry | None:
+    async def get(self, id: str, *, vector: bool = True) -> Entry | None:
         self.lookups += 1
         return self._entry if self._tier == EXACT else None
 
@@ -309,6 +309,39 @@ async def test_lookups_and_stores_are_counted_in_the_store(make_cache: MakeCache
     await cache.lookup(key_of(cache, FAR, system="You are verbose."))
     expected = {"exact": 1, "semantic": 1, "miss": 2, "store": 1}
     assert await eventually(cache.store.counters, lambda got: got == expected) == expected
+
+
+async def test_an_exact_hit_is_one_store_call_its_count_added_later() -> None:
+    store = FaultyStore(None)
+    cache = ResponseCache(store, HASHING, threshold=THRESHOLD, wall_clock=lambda: WALL,
+                          count_flush_s=DEADLINE_S * 10)
+    key = await kept(cache)
+    await cache.flush_counts()
+    store.calls.clear()
+    assert (await cache.lookup(key)).hit is not None
+    assert (await cache.lookup(key)).hit is not None
+    assert store.calls == ["get", "get"]  # no counter round trip on the request's path
+    assert (await store.counters())["exact"] == 0
+    await cache.flush_counts()
+    assert store.calls == ["get", "get", "bump"]  # both hits in one call
+    assert (await store.counters())["exact"] == 2
+    await cache.close()
+
+
+async def test_counts_reach_the_store_within_the_flush_interval_and_at_close() -> None:
+    store = memory_store()
+    cache = ResponseCache(store, None, threshold=THRESHOLD, wall_clock=lambda: WALL,
+                          count_flush_s=0.01)
+    await cache.lookup(key_of(cache, QUESTION))
+    assert await eventually(store.counters, lambda got: got["miss"] == 1) == {
+        "exact": 0, "semantic": 0, "miss": 1, "store": 0}
+    slow = ResponseCache(store, None, threshold=THRESHOLD, wall_clock=lambda: WALL,
+                         count_flush_s=DEADLINE_S * 10)
+    await slow.lookup(key_of(slow, QUESTION))
+    assert (await store.counters())["miss"] == 1
+    await slow.close()
+    assert (await store.counters())["miss"] == 2
+    await cache.close()
 
 
 # A store that fails: every failure is a miss (or a store not made), never an error.

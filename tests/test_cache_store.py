@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import pytest
@@ -106,6 +106,16 @@ async def get_returns_the_entry_put(b: Backend) -> None:
     await store.put(stored)
     assert await store.get("k1") == stored
     assert await store.get("unknown") is None
+
+
+async def get_without_the_vector_returns_every_other_field(b: Backend) -> None:
+    store = b.make()
+    stored = entry("k", vector=B)
+    await store.put(stored)
+    found = await store.get("k", vector=False)
+    assert found is not None and found.vector in (None, B)  # a store may skip reading it
+    assert replace(found, vector=B) == stored
+    assert await store.get("unknown", vector=False) is None
 
 
 async def exact_only_entry_keeps_vector_none(b: Backend) -> None:
@@ -244,6 +254,8 @@ async def counters_start_at_zero_and_bump_adds_one(b: Backend) -> None:
     await store.bump("exact")
     await store.bump("store")
     assert await store.counters() == {"exact": 2, "semantic": 0, "miss": 0, "store": 1}
+    await store.bump("miss", 5)
+    assert (await store.counters())["miss"] == 5
     with pytest.raises(ValueError, match="unknown cache counter 'hit'"):
         await store.bump("hit")
 
@@ -284,6 +296,8 @@ SHARED = [
     pytest.param(shadow_records_are_kept_newest_first_and_flushed,
                  id="shadow records are kept newest first, and flushed with the rest"),
     pytest.param(get_returns_the_entry_put, id="get returns the entry put, None for others"),
+    pytest.param(get_without_the_vector_returns_every_other_field,
+                 id="get without the vector returns every other field"),
     pytest.param(exact_only_entry_keeps_vector_none,
                  id="an exact-only entry keeps vector None, distinct from an empty vector"),
     pytest.param(put_replaces_the_entry_with_the_same_id, id="put replaces the same id"),
@@ -305,7 +319,7 @@ SHARED = [
     pytest.param(entries_come_newest_first_up_to_limit, id="entries come newest first up to limit"),
     pytest.param(count_counts_entries, id="count counts entries once each"),
     pytest.param(counters_start_at_zero_and_bump_adds_one,
-                 id="counters start at zero, bump adds one, unknown names are refused"),
+                 id="counters start at zero, bump adds one or by, unknown names are refused"),
     pytest.param(an_entry_is_gone_after_its_ttl, id="an entry is gone after its ttl"),
 ]
 
@@ -549,3 +563,14 @@ async def test_redis_skips_an_entry_that_does_not_decode(
 def test_redis_refuses_bad_limits() -> None:
     with pytest.raises(ValueError, match="ttl_s"):
         RedisStore.from_url("redis://127.0.0.1:1/0", ttl_s=-1.0)
+
+
+async def test_redis_get_without_the_vector_leaves_it_unread(redis_url: str,
+                                                             raw: redis.Redis) -> None:
+    store = RedisStore.from_url(redis_url, prefix="p:", ttl_s=None)
+    await store.put(entry("k", vector=B))
+    found = await store.get("k", vector=False)
+    assert found is not None and found.vector is None
+    await raw.hdel("p:e:k", "answer")  # an entry missing a field is skipped, as by a whole read
+    assert await store.get("k", vector=False) is None
+    await store.close()

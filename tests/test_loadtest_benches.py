@@ -45,8 +45,11 @@ def test_the_cache_benchmark_moves_work_off_the_backends(tmp_path: Path) -> None
     live, lookups, targets, searches, embedding, cpu = _record(tmp_path, "bench_cache").tables
     assert [row[0] for row in live.rows] == stores.split(",")
     assert [row[0] for row in lookups.rows] == ["memory", "redis"]
-    # The targets: two search sizes, the exact hit, the CPU ratio, each with its figures.
-    assert len(targets.rows) == 4 and all(row[1] > 0 for row in targets.rows)
+    # The targets: two search sizes, the exact hit (its whole path, then the lookup alone), the
+    # CPU ratio, each with its figures.
+    assert len(targets.rows) == 5 and all(row[1] > 0 for row in targets.rows)
+    exact = result["targets"]["exact"]
+    assert 0 < exact["lookup"]["cpu_p50_ms"] <= exact["cpu_p50_ms"]
     for search in result["targets"]["search"]:  # every probe found what it should
         assert search["right"] == search["lookups"] == 30
     assert [row[0] for row in embedding.rows] == [8, 50, 200]

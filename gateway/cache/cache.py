@@ -23,6 +23,11 @@ and an error or a timeout counts as a miss (or a store not made), is logged at m
 `ERROR_LOG_INTERVAL_S`, and turns the cache off for `COOLDOWN_S` so a Redis that went away costs
 one timeout, not one per request. Stores run as tasks after the answer went out; `close` awaits
 the ones still running.
+
+The store's shared counters (`kvgate cache stats`) are counted in the process and added to the
+store at most once every `COUNT_FLUSH_S` (one call per counter that moved), not once per
+request: an exact hit then costs one store round trip. `flush_counts` adds them at once (the
+admin endpoint calls it before reading them; `close` does too).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ log = logging.getLogger("kvgate.cache")
 
 COOLDOWN_S = 5.0  # after a store error or timeout, the cache is skipped this long
 ERROR_LOG_INTERVAL_S = 60.0
+COUNT_FLUSH_S = 1.0  # lookups and stores are added to the store's counters this often
 EXACT = "exact"
 SEMANTIC = "semantic"
 
@@ -93,6 +99,7 @@ class ResponseCache:
         timeout_s: float = 0.25,
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
+        count_flush_s: float = COUNT_FLUSH_S,
     ) -> None:
         self.store = store
         self._embedder = embedder  # None: the exact tier only
@@ -107,6 +114,9 @@ class ResponseCache:
         self._down_until = float("-inf")
         self._last_error_log = float("-inf")
         self._pending: set[asyncio.Task[None]] = set()
+        self._counts: dict[str, int] = {}  # counted here, not yet added to the store's
+        self._count_flush_s = count_flush_s
+        self._flusher: asyncio.Task[None] | None = None
         # Requests in flight to a backend on a miss, by key id: identical requests that want a
         # whole answer wait for the first one's instead of asking a GPU again.
         self._leaders: dict[str, asyncio.Future[CachedAnswer | None]] = {}
@@ -147,7 +157,7 @@ class ResponseCache:
         With `follow_s`, a miss whose identical request is in flight to a backend waits up to
         that long for its answer (an exact hit when it comes whole and replayable). With
         `max_age_s` (the client's `Cache-Control: max-age`), an older answer is a miss."""
-        entry = await self._guarded(self.store.get(key.id), None)
+        entry = await self._guarded(self.store.get(key.id, vector=False), None)
         if entry is not None and self._too_old(entry, max_age_s):
             entry = None
         if entry is not None:
@@ -268,9 +278,14 @@ class ResponseCache:
         return f"{name}/{key.namespace}"
 
     async def close(self) -> None:
-        """Waits for the stores still running, then closes the store and the embedder."""
-        if self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
+        """Waits for the stores still running and adds the counts not yet added, then closes
+        the store and the embedder."""
+        others = [task for task in self._pending if task is not self._flusher]
+        if others:
+            await asyncio.gather(*others, return_exceptions=True)
+        if self._flusher is not None:
+            self._flusher.cancel()
+        await self.flush_counts()
         await self.store.close()
         close = getattr(self._embedder, "close", None)
         if close is not None:
@@ -279,12 +294,34 @@ class ResponseCache:
                 await closed
 
     async def _put(self, entry: Entry) -> None:
-        await self._guarded(self.store.put(entry), None)
-        await self._guarded(self.store.bump("store"), None)
+        if await self._guarded(self._stored(entry), False):
+            self._count("store")
+
+    async def _stored(self, entry: Entry) -> bool:
+        await self.store.put(entry)
+        return True
 
     def _count(self, counter: str) -> None:
-        """The store's shared counters (`kvgate cache stats`), bumped off the request's path."""
-        self._background(self._guarded(self.store.bump(counter), None))
+        """One more for the store's shared counter `counter`, added within COUNT_FLUSH_S."""
+        self._counts[counter] = self._counts.get(counter, 0) + 1
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
+            self._pending.add(self._flusher)
+            self._flusher.add_done_callback(self._pending.discard)
+
+    async def _flush_later(self) -> None:
+        try:
+            await asyncio.sleep(self._count_flush_s)
+        finally:
+            self._flusher = None
+        await self.flush_counts()
+
+    async def flush_counts(self) -> None:
+        """Adds the counts made in this process since the last flush to the store's counters
+        (a failing store loses them: counters are statistics, never worth a retry)."""
+        counts, self._counts = self._counts, {}
+        for counter, by in counts.items():
+            await self._guarded(self.store.bump(counter, by), None)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

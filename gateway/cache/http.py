@@ -15,6 +15,7 @@ an answer made at most N seconds ago.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import uuid
@@ -45,6 +46,7 @@ from gateway.sse import DONE_EVENT, error_event
 from routing.fleet import Fleet
 
 _ID_PREFIX: Mapping[Kind, str] = {"chat": "chatcmpl-", "text": "cmpl-"}
+ADMIN_TIMEOUT_S = 30.0  # an admin endpoint whose store calls take longer answers 503
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,8 +243,10 @@ async def admin_cache(request: web.Request) -> web.Response:
     if cache is None:
         return web.json_response({"enabled": False}, dumps=_dumps)
     settings = request.app[SETTINGS].cache
+    await cache.flush_counts()  # this replica's latest lookups count too
     try:
-        entries, counters = await cache.store.count(), await cache.store.counters()
+        async with asyncio.timeout(ADMIN_TIMEOUT_S):
+            entries, counters = await cache.store.count(), await cache.store.counters()
     except Exception as exc:
         raise CacheUnavailable(f"the cache store does not answer: {type(exc).__name__}") from exc
     return web.json_response({
@@ -258,7 +262,8 @@ async def admin_cache_shadow(request: web.Request) -> web.Response:
     if cache is None:
         return web.json_response({"enabled": False, "records": []}, dumps=_dumps)
     try:
-        raw = await cache.store.shadow_records()
+        async with asyncio.timeout(ADMIN_TIMEOUT_S):
+            raw = await cache.store.shadow_records()
     except Exception as exc:
         raise CacheUnavailable(f"the cache store does not answer: {type(exc).__name__}") from exc
     records = [record for record in map(decoded, raw) if record is not None]
@@ -272,7 +277,8 @@ async def admin_cache_flush(request: web.Request) -> web.Response:
     if cache is None:
         return web.json_response({"enabled": False, "removed": 0}, dumps=_dumps)
     try:
-        removed = await cache.store.flush()
+        async with asyncio.timeout(ADMIN_TIMEOUT_S):
+            removed = await cache.store.flush()
     except Exception as exc:
         raise CacheUnavailable(f"the cache store does not answer: {type(exc).__name__}") from exc
     return web.json_response({"enabled": True, "removed": removed}, dumps=_dumps)

@@ -55,6 +55,7 @@ from gateway.cache.vectors import Vector, decode_vector, encode_vector
 log = logging.getLogger("kvgate.cache")
 
 _FIELDS = (b"answer", b"namespace", b"vector", b"model", b"query", b"created")
+_ANSWER_FIELDS = [name for name in _FIELDS if name != b"vector"]  # what an exact hit reads
 _BATCH = 256  # ids read per round trip by entries, count and flush
 MIRROR_VECTORS = 16_384  # vectors kept in this process for semantic lookups (~1 KB each)
 FULL_SYNC_S = 30.0  # a namespace's local index is read whole this often (deletions, trims)
@@ -106,9 +107,19 @@ class RedisStore:
         return cls(client, prefix=prefix, ttl_s=ttl_s, max_per_namespace=max_per_namespace,
                    clock=clock, index=index)
 
-    async def get(self, id: str) -> Entry | None:
-        fields = cast(dict[bytes, bytes], await self._client.hgetall(self._entry_key(id)))
-        return self._decode(id, fields) if fields else None
+    async def get(self, id: str, *, vector: bool = True) -> Entry | None:
+        """`vector=False` reads every field but the vector (a dense one is 1.5 KB to send and
+        decode), and the entry's vector is None."""
+        if vector:
+            fields = cast(dict[bytes, bytes], await self._client.hgetall(self._entry_key(id)))
+            return self._decode(id, fields) if fields else None
+        values = cast(list[bytes | None], await self._client.hmget(self._entry_key(id),
+                                                                   _ANSWER_FIELDS))
+        if all(value is None for value in values):
+            return None
+        found = {name: value for name, value in zip(_ANSWER_FIELDS, values, strict=True)
+                 if value is not None}
+        return self._decode(id, {**found, b"vector": b""})
 
     async def nearest(self, namespace: str, vector: Vector, threshold: float,
                       admits: Admits | None = None) -> tuple[Entry, float] | None:
@@ -306,9 +317,9 @@ class RedisStore:
             await self._client.zrem(self._all, *stale)
         return live
 
-    async def bump(self, counter: str) -> None:
+    async def bump(self, counter: str, by: int = 1) -> None:
         check_counter(counter)
-        await self._client.hincrby(self._counters, counter, 1)
+        await self._client.hincrby(self._counters, counter, by)
 
     async def counters(self) -> dict[str, int]:
         values = await self._client.hmget(self._counters, list(COUNTERS))

@@ -43,10 +43,13 @@ def build_store(settings: CacheSettings, questions: Questions | None = None) -> 
         questions.dimensions, dense=questions.dense, max_members=settings.max_per_namespace))
     if settings.store == "redis":
         assert settings.redis_url is not None  # CacheSettings checks it
+        # No socket_timeout: every call the cache makes runs under its own `timeout_s`
+        # (ResponseCache), and redis-py's would wrap each command's write in a task of its own,
+        # a third of an exact hit's CPU. The admin endpoints bound theirs (gateway/cache/http.py).
         return RedisStore.from_url(
             settings.redis_url, prefix=settings.key_prefix, ttl_s=settings.ttl_s,
             max_per_namespace=settings.max_per_namespace, index=index,
-            socket_timeout=settings.timeout_s, socket_connect_timeout=settings.timeout_s)
+            socket_timeout=None, socket_connect_timeout=settings.timeout_s)
     return MemoryStore(max_entries=settings.max_entries, ttl_s=settings.ttl_s,
                        max_per_namespace=settings.max_per_namespace, index=index)
 

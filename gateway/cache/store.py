@@ -44,7 +44,10 @@ class Entry:
 
 
 class CacheStore(Protocol):
-    async def get(self, id: str) -> Entry | None: ...
+    async def get(self, id: str, *, vector: bool = True) -> Entry | None:
+        """The entry stored under `id`; with `vector=False` (the exact tier, which serves the
+        answer and never compares vectors) a store may leave the vector unread (None)."""
+        ...
 
     async def nearest(self, namespace: str, vector: Vector, threshold: float,
                       admits: Admits | None = None) -> tuple[Entry, float] | None:
@@ -76,8 +79,8 @@ class CacheStore(Protocol):
 
     async def count(self) -> int: ...
 
-    async def bump(self, counter: str) -> None:
-        """Adds one to `counter`, one of COUNTERS (ValueError otherwise)."""
+    async def bump(self, counter: str, by: int = 1) -> None:
+        """Adds `by` to `counter`, one of COUNTERS (ValueError otherwise)."""
         ...
 
     async def counters(self) -> dict[str, int]:
@@ -123,7 +126,7 @@ class MemoryStore:
         self._counters = dict.fromkeys(COUNTERS, 0)
         self._shadow: deque[bytes] = deque(maxlen=SHADOW_RECORDS)  # newest last
 
-    async def get(self, id: str) -> Entry | None:
+    async def get(self, id: str, *, vector: bool = True) -> Entry | None:
         now = self._sweep()
         entry = self._entries.get(id)
         if entry is None or self._expired(id, now):
@@ -201,9 +204,9 @@ class MemoryStore:
         now = self._sweep()
         return sum(1 for id in self._entries if not self._expired(id, now))
 
-    async def bump(self, counter: str) -> None:
+    async def bump(self, counter: str, by: int = 1) -> None:
         check_counter(counter)
-        self._counters[counter] += 1
+        self._counters[counter] += by
 
     async def counters(self) -> dict[str, int]:
         return dict(self._counters)

@@ -45,6 +45,7 @@ from loadtest.workloads import WorkItem
 from routing.cost import CostModel
 from routing.dispatch import Completion, Dispatch, DispatchConfig, Dispatcher, Job, Rejection
 from routing.fleet import Fleet
+from routing.output_length import DEFAULT_RESERVATION_QUANTILE
 from routing.policies import PolicyContext, build_router
 from routing.prefix import conversation_text
 from routing.state import BackendSpec
@@ -68,6 +69,7 @@ class SimConfig:
     weights: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     offload_long_prompts: bool = True  # PolicyContext's switch (routing/scheduling/offload.py)
     sample_interval_s: float = 0.5
+    reservation_quantile: float = DEFAULT_RESERVATION_QUANTILE  # routing.reservation_quantile
 
     def __post_init__(self) -> None:
         if not self.scrape_interval_s > 0 or not self.max_snapshot_age_s > 0:
@@ -189,8 +191,10 @@ class _Run:
                 offload_long_prompts=config.offload_long_prompts, cache_view=self.cache_view))
             replica_fleet = Fleet(specs, max_snapshot_age=config.max_snapshot_age_s)
             self.replicas.append(_Replica(
-                r, replica_fleet, Dispatcher(replica_fleet, router, CostModel(),
-                                             config=dispatch_config)))
+                r, replica_fleet, Dispatcher(
+                    replica_fleet, router,
+                    CostModel(reservation_quantile=config.reservation_quantile),
+                    config=dispatch_config)))
         n = len(items)
         self.index_of: dict[str, int] = {}
         self.dispatches: dict[int, Dispatch] = {}
