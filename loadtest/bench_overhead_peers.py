@@ -28,6 +28,7 @@ from loadtest.bench_overhead_procs import MODEL
 
 PEERS_DIR = Path("/tmp/kvgate-bench-peers")
 READY_S = 90.0
+SLOW_READY_S = 300.0  # LiteLLM's proxy imports for minutes on a busy machine
 INSTALL_S = 900.0
 _TICK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -73,13 +74,13 @@ def free_port() -> int:
 
 
 def _start(name: str, argv: list[str], port: int, ready_path: str, workdir: Path,
-           env: dict[str, str] | None = None) -> BenchProc:
+           env: dict[str, str] | None = None, ready_s: float = READY_S) -> BenchProc:
     log = workdir / f"{name}.log"
     with log.open("wb") as err:  # the child keeps its own copy of the descriptor
         popen = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err,
                                  stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + READY_S
+    deadline = time.monotonic() + ready_s
     while time.monotonic() < deadline:
         if popen.poll() is not None:
             raise RuntimeError(f"{name} exited with {popen.returncode}; see {log}")
@@ -91,7 +92,7 @@ def _start(name: str, argv: list[str], port: int, ready_path: str, workdir: Path
             pass
         time.sleep(0.2)
     popen.kill()
-    raise RuntimeError(f"{name} not ready within {READY_S:g} s; see {log}")
+    raise RuntimeError(f"{name} not ready within {ready_s:g} s; see {log}")
 
 
 def _procs(role: str, *args: str) -> list[str]:
@@ -167,7 +168,7 @@ def peer_procs(workdir: Path, upstream: str) -> Iterator[tuple[str, BenchProc | 
                "LITELLM_LOG": "ERROR"}
         yield _attempt("litellm", [str(exe), "--config", str(config), "--host", "127.0.0.1",
                                    "--port", str(port), "--num_workers", "1"],
-                       port, "/health/liveliness", workdir, env)
+                       port, "/health/liveliness", workdir, env, SLOW_READY_S)
     else:
         yield "litellm", None, why
     for name, binary, argv in (
@@ -180,14 +181,16 @@ def peer_procs(workdir: Path, upstream: str) -> Iterator[tuple[str, BenchProc | 
             continue
         port = free_port()
         command = [a.format(exe=exe) for a in argv] + [
-            "--worker-urls", upstream, "--host", "127.0.0.1", "--port", str(port)]
+            "--worker-urls", upstream, "--host", "127.0.0.1", "--port", str(port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
         yield _attempt(name, command, port, "/v1/models", workdir)
 
 
 def _attempt(name: str, argv: list[str], port: int, ready: str, workdir: Path,
-             env: dict[str, str] | None = None) -> tuple[str, BenchProc | None, str]:
+             env: dict[str, str] | None = None,
+             ready_s: float = READY_S) -> tuple[str, BenchProc | None, str]:
     try:
-        return name, _start(name, argv, port, ready, workdir, env), ""
+        return name, _start(name, argv, port, ready, workdir, env, ready_s), ""
     except RuntimeError as exc:
         return name, None, str(exc)
 

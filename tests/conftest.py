@@ -89,6 +89,7 @@ MODULES = {
     "test_gateway_relay_watch": "unit",
     "test_gateway_coalesce": "loopback",
     "test_gateway_coalesce_ticker": "unit",
+    "test_gateway_gc_policy": "unit",
     "test_gateway_routing": "unit",
     "test_gateway_schemas": "unit",
     "test_gateway_serve": "loopback",
