@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -241,18 +242,26 @@ def run_load(proc: BenchProc | None, url: str, mode: str, concurrency: int, requ
     the run and its largest RSS seen (MB), sampled while the run lasts."""
     pids = _tree(proc.popen.pid) if proc is not None else []
     before = cpu_seconds(pids)
-    load = subprocess.Popen(
-        [sys.executable, "-m", "loadtest.bench_overhead_procs", "load", "--url", url,
-         "--mode", mode, "--concurrency", str(concurrency), "--requests", str(requests),
-         "--tokens", str(tokens), "--pace-ms", str(pace_ms)],
-        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    with tempfile.NamedTemporaryFile(suffix=".json") as result:
+        load = subprocess.Popen(
+            [sys.executable, "-m", "loadtest.bench_overhead_procs", "load", "--url", url,
+             "--mode", mode, "--concurrency", str(concurrency), "--requests", str(requests),
+             "--tokens", str(tokens), "--pace-ms", str(pace_ms), "--out", result.name],
+            stdin=subprocess.DEVNULL)
+        out, peak, after = _awaited(load, pids, Path(result.name))
+    if load.returncode != 0:
+        raise RuntimeError(f"the load generator failed against {url}")
+    return orjson.loads(out), (after - before) if pids else None, peak
+
+
+def _awaited(load: subprocess.Popen[bytes], pids: list[int],
+             result: Path) -> tuple[bytes, float | None, float]:
+    """The load generator's figures once it ended, the largest RSS of `pids` seen meanwhile
+    (MB) and their CPU seconds at its end."""
     peak = rss_mb(pids) if pids else None
     while load.poll() is None:
         time.sleep(0.1)
         if pids:
             peak = max(peak or 0.0, rss_mb(pids))
     after = cpu_seconds(pids)
-    out, _ = load.communicate()
-    if load.returncode != 0:
-        raise RuntimeError(f"the load generator failed against {url}")
-    return orjson.loads(out), (after - before) if pids else None, peak
+    return result.read_bytes(), peak, after

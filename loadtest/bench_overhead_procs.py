@@ -22,6 +22,7 @@ import os
 import re
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -221,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--pace-ms", type=float, default=0.0)
+    parser.add_argument("--out", type=Path, help="load: where the figures go (JSON)")
     args = parser.parse_args(argv)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         if args.role == "mock":
@@ -230,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             result = runner.run(load(args.url, args.mode, args.concurrency, args.requests,
                                      args.tokens, args.pace_ms))
-            print(orjson.dumps(result).decode(), flush=True)
+            args.out.write_bytes(orjson.dumps(result))
 
 
 if __name__ == "__main__":
