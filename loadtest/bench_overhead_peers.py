@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from loadtest.bench_overhead_procs import MODEL
+from loadtest.bench_overhead_procs import BENCH_KEY, MODEL
 
 PEERS_DIR = Path("/tmp/kvgate-bench-peers")
 READY_S = 90.0
@@ -166,7 +166,7 @@ def peer_procs(workdir: Path, upstream: str) -> Iterator[tuple[str, BenchProc | 
             "  telemetry: false\n"
             "  drop_params: true\n")
         env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
-               "LITELLM_LOG": "ERROR"}
+               "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": BENCH_KEY}
         yield _attempt("litellm", [str(exe), "--config", str(config), "--host", "127.0.0.1",
                                    "--port", str(port), "--num_workers", "1"],
                        port, "/health/liveliness", workdir, env, SLOW_READY_S)

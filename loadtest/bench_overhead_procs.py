@@ -31,6 +31,9 @@ import uvloop
 from aiohttp import web
 
 MODEL = "bench"
+# Every request carries it: LiteLLM's proxy refuses to start without a master key; the other
+# paths ignore it.
+BENCH_KEY = "sk-kvgate-bench-0123456789abcdef"
 _ASK = re.compile(rb"tokens=(\d+) pace_ms=(\d+(?:\.\d+)?)")
 _STAMP = re.compile(rb'"content": ?"@(\d+)"')
 METRICS = (
@@ -154,6 +157,7 @@ async def load(url: str, mode: str, concurrency: int, requests: int, tokens: int
     events = failed = 0
     todo = iter(range(requests))
     ask = f"tokens={tokens} pace_ms={pace_ms:g}"
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {BENCH_KEY}"}
 
     async def worker(http: aiohttp.ClientSession) -> None:
         nonlocal events, failed
@@ -165,7 +169,7 @@ async def load(url: str, mode: str, concurrency: int, requests: int, tokens: int
             first: float | None = None
             try:
                 async with http.post(url + "/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"}) as resp:
+                                     headers=headers) as resp:
                     if not stream:
                         await resp.read()
                         first = time.monotonic()
