@@ -90,6 +90,7 @@ class Run:
     delays: list[float]
     events: int
     rss_mb: float | None
+    failures: dict[str, int]  # the failed requests' statuses (or errors): how many
 
 
 def pct(values: Sequence[float], q: float) -> float | None:
@@ -110,7 +111,7 @@ def measure(proc: BenchProc | None, url: str, phase: Phase) -> Run:
     out, cpu, rss = run_load(proc, url, phase.mode, phase.concurrency, phase.requests,
                              phase.tokens, phase.pace_ms)
     return Run(cpu, out["wall_s"], out["done"], out["failed"], out["latencies"],
-               out["delays"], out["events"], rss)
+               out["delays"], out["events"], rss, out.get("failures", {}))
 
 
 def bench(rounds: int, scale: float, peers: str,
@@ -147,8 +148,8 @@ def bench(rounds: int, scale: float, peers: str,
                     run = measure(proc, url, phase)
                     print(f"  round {round_ + 1} {phase.name:13} {name:14} "
                           f"{run.done:5} done {run.failed:3} failed {run.wall_s:7.2f} s"
-                          + (f" cpu {run.cpu_s:6.2f} s" if run.cpu_s is not None else ""),
-                          flush=True)
+                          + (f" cpu {run.cpu_s:6.2f} s" if run.cpu_s is not None else "")
+                          + (f" ({run.failures})" if run.failures else ""), flush=True)
                     if _better(run, best.get((name, phase.name))):
                         best[(name, phase.name)] = run
     tables, figures = _tables(best, phases, [n for n in paths], notes)

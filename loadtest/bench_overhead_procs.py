@@ -155,6 +155,7 @@ async def load(url: str, mode: str, concurrency: int, requests: int, tokens: int
     latencies: list[float] = []
     delays: list[float] = []
     events = failed = 0
+    failures: dict[str, int] = {}  # status or exception name: how many
     todo = iter(range(requests))
     ask = f"tokens={tokens} pace_ms={pace_ms:g}"
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {BENCH_KEY}"}
@@ -183,8 +184,11 @@ async def load(url: str, mode: str, concurrency: int, requests: int, tokens: int
                                 events += len(stamps)
                                 delays.extend((now - int(s)) / 1e9 for s in stamps)
                     ok = resp.status == 200
-            except aiohttp.ClientError:
-                ok = False
+                    status = str(resp.status)
+            except aiohttp.ClientError as exc:
+                ok, status = False, type(exc).__name__
+            if not ok:
+                failures[status] = failures.get(status, 0) + 1
             if not ok or first is None:
                 failed += 1
             else:
@@ -197,7 +201,8 @@ async def load(url: str, mode: str, concurrency: int, requests: int, tokens: int
         await asyncio.gather(*(worker(http) for _ in range(concurrency)))
         wall = time.monotonic() - began
     return {"wall_s": wall, "done": len(latencies), "failed": failed,
-            "latencies": _sample(latencies), "delays": _sample(delays), "events": events}
+            "latencies": _sample(latencies), "delays": _sample(delays), "events": events,
+            "failures": failures}
 
 
 def _nonce() -> str:
