@@ -206,7 +206,8 @@ async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
     )
     relay = Relay(session=session, fleet=app[FLEET], first_byte_timeout=server.first_byte_timeout_s,
                   clock=app[CLOCK], stream_idle_timeout=server.stream_idle_timeout_s,
-                  client_write_timeout=server.client_write_timeout_s)
+                  client_write_timeout=server.client_write_timeout_s,
+                  flush_interval_s=server.stream_flush_interval_ms / 1000)
     app[RELAY] = relay
     app[PROXY] = Proxy(relay=relay, gate=app[GATE], clock=app[CLOCK], budget=RetryBudget(),
                        metrics=app[TELEMETRY])

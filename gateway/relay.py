@@ -15,7 +15,9 @@
 - Leaving an attempt before its body was read to the end closes the upstream connection, so the
   backend aborts the request and frees its KV cache at once.
 - Streams are relayed chunk by chunk as they arrive: bytes unchanged, written (and so flushed)
-  immediately; `StreamObserver` picks out the few facts the gateway records. A whole answer is
+  immediately; `StreamObserver` picks out the few facts the gateway records. With a flush
+  interval (gateway/coalesce.py), after the first content event a stream is read and written
+  once per tick of that interval, its upstream's reading paused in between. A whole answer is
   decoded once, here, for everyone who reads it later. A stream that identical streams follow
   outlives its own client (gateway/carry.py).
 - The backend's own API key, if it has one, goes as `Authorization: Bearer`; nothing of the
@@ -46,6 +48,7 @@ from gateway.attempt import (
     UpstreamCall,
 )
 from gateway.carry import Carrier, LineTap
+from gateway.coalesce import FlushTicker, pause_reading, resume_reading
 from gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -75,13 +78,15 @@ class HealthView(Protocol):
 class Relay:
     def __init__(self, *, session: aiohttp.ClientSession, fleet: HealthView,
                  first_byte_timeout: float, clock: Callable[[], float],
-                 stream_idle_timeout: float = 60.0, client_write_timeout: float = 60.0) -> None:
+                 stream_idle_timeout: float = 60.0, client_write_timeout: float = 60.0,
+                 flush_interval_s: float = 0.0) -> None:
         self._session = session
         self._fleet = fleet
         self._first_byte_timeout = first_byte_timeout
         self._idle_timeout = stream_idle_timeout
         self._write_timeout = client_write_timeout
         self._clock = clock
+        self._ticker = FlushTicker(flush_interval_s) if flush_interval_s > 0 else None
         self._carrier = Carrier(idle_s=stream_idle_timeout, on_idle=self._idled)
         # The streams being relayed to their clients now, with their handlers' tasks.
         self._live: dict[StreamWatch, asyncio.Task[Any] | None] = {}
@@ -248,6 +253,10 @@ class Relay:
         failure: str | None = None
         code = "upstream_stream_failed"
         tap = call.tap
+        ticker = self._ticker
+        # With coalescing, the upstream's transport, paused between ticks (None: never paused).
+        connection = upstream.connection if ticker is not None else None
+        socket = connection.transport if connection is not None else None
         try:
             watch.write_since = time()
             await prepare_stream(request, response, ex, self._clock(), dispatch.route_header())
@@ -258,8 +267,14 @@ class Relay:
                     tap.stream_lines(out)
             watch.write_since = None
             watch.read_since = time()
-            # The hot loop: read what arrived, note what matters, write it on at once.
+            # The hot loop: read what arrived, note what matters, write it on at once (or, with
+            # coalescing and the first token sent, wait for the tick, then read all that came).
             while True:
+                if (ticker is not None and observer.first_token_at is not None
+                        and not observer.done):
+                    pause_reading(socket)
+                    await ticker.next_tick()
+                    resume_reading(socket)
                 try:
                     chunk = await content.readany()
                 except aiohttp.ClientError as exc:
@@ -302,11 +317,13 @@ class Relay:
         except asyncio.CancelledError:
             # The client hung up (the handler is cancelled), or was cut off for reading nothing;
             # followers, if any, keep the stream.
+            resume_reading(socket)
             self._carrier.carry_on(upstream, observer, tap, dispatch)
             raise
         except ConnectionResetError:
             # The client went away while we wrote; the caller closes the upstream connection
             # unless followers keep it.
+            resume_reading(socket)
             self._carrier.carry_on(upstream, observer, tap, dispatch)
             gone = "client stopped reading" if watch.client_stuck else "client gone"
             return Relayed(response, CLIENT_CLOSED, gone, observer.usage,
@@ -323,6 +340,7 @@ class Relay:
                 await response.write_eof()
             return Relayed(response, 500, failure, observer.usage)
         finally:
+            resume_reading(socket)  # a connection goes back to the pool reading
             watch.close()
             self._live.pop(watch, None)
         error = failure or (observer.error or {}).get("message")

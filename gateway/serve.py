@@ -27,6 +27,7 @@ from gateway import redact
 from gateway.cli import UsageError
 from gateway.config import Settings, load_settings
 from gateway.connections import FD_HEADROOM, raise_fd_limit
+from gateway.gc_policy import serving_gc
 from gateway.lifecycle import serving
 from gateway.logsink import configure_access_log
 from gateway.telemetry.accesslog import LOGGER_NAME as ACCESS_LOGGER
@@ -58,9 +59,10 @@ async def serve_until_signalled(settings: Settings, on_ready: Callable[[str], No
     try:
         async with serving(settings) as gateway:
             on_ready(gateway.url)
-            sig = await stopped
-            grace = server.drain_grace_s if sig == signal.SIGTERM else 0.0
-            await gateway.drain(grace, server.shutdown_timeout_s)
+            with serving_gc():  # gateway/gc_policy.py: start-up's objects frozen
+                sig = await stopped
+                grace = server.drain_grace_s if sig == signal.SIGTERM else 0.0
+                await gateway.drain(grace, server.shutdown_timeout_s)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

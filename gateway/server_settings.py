@@ -85,6 +85,13 @@ class ServerSettings(_Section):
         "dropping the usage event from streams whose client did not ask for it: output lengths "
         "and each backend's speed are learned from it. false sends the client's bytes unchanged, "
         "for a server that refuses the field; streams are then timed per event.")
+    stream_flush_interval_ms: int = Field(
+        default=0, ge=0, le=1000,
+        description="Token coalescing: after a stream's first content event, which is always "
+        "sent at once, each stream is read from its backend and written to its client at most "
+        "about once per this interval, several tokens per read and write, which cuts the "
+        "gateway's CPU per relayed token; each token reaches the client at most this much later. "
+        "0 relays every event as it comes.")
 
 class HealthSettings(_Section):
     """Passive outlier ejection: what requests' outcomes say of a backend's health. Metrics

@@ -94,7 +94,6 @@ def test_no_record_writes_no_record(tmp_path: Path) -> None:
 TINY_RUNS = {  # bench_fleet's smallest run measures three workloads' capacity: too long here
     "bench_telemetry": ["--requests", "200", "--repeat", "1"],
     "bench_sim": ["--streams", "8", "--engine-only"],
-    "proxy_bench": ["--requests", "5", "--chunks", "5", "--cache"],
     "bench_gateway_telemetry": ["--requests", "20", "--rounds", "1"],
 }
 
@@ -123,3 +122,23 @@ def test_the_fleet_benchmark_tables_each_load_level_with_its_spread() -> None:
     assert means.columns[:6] == ["policy", "done", "rej", "TTFT p50", "TTFT p90", "TTFT p99"]
     assert [row[0] for row in means.rows] == ["round_robin", "cost+adm"]
     assert all(len(row) == len(t.columns) for t in tables for row in t.rows)
+
+
+def test_the_overhead_benchmark_measures_every_path_and_phase(tmp_path: Path) -> None:
+    from loadtest import bench_overhead
+
+    out = tmp_path / "overhead.json"
+    assert bench_overhead.main(["--scale", "0.02", "--rounds", "1", "--peers", "none",
+                                "--json", str(out), "--results-dir", str(tmp_path)]) == 0
+    figures = json.loads(out.read_text())
+    paths = figures["paths"]
+    assert list(paths) == ["direct", "relay", "kvgate", "kvgate+cache"]
+    assert all(f["failed"] == 0 for f in paths.values())
+    for name in ("relay", "kvgate", "kvgate+cache"):  # each proxy's own CPU clock moved
+        assert paths[name]["cpu_us_per_request"] > 0 and paths[name]["rss_mb_peak"] > 0
+        assert paths[name]["delivered_64"] == 1.0  # every content event offered arrived
+    assert paths["direct"]["cpu_us_per_request"] is None  # no proxy, no proxy CPU
+    assert set(figures["coalescing"]) == {"0", "20", "50", "100"}
+    paths_table, coalescing, targets = _record(tmp_path, "bench_overhead").tables
+    assert [row[0] for row in coalescing.rows] == [0, 20, 50, 100]
+    assert len(targets.rows) == 8
