@@ -31,7 +31,7 @@ Rules
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from routing import outlier
@@ -226,6 +226,15 @@ class Fleet:
         return self._capped
 
     # Routing.
+
+    def share_ledgers(self, make: Callable[[int, str], Ledger]) -> None:
+        """Replaces every backend's ledger by `make(index, backend_id)` (index in configuration
+        order): the ledgers of the host's workers (routing/shared_ledger.py). Only before the
+        first lease."""
+        for i, (backend_id, backend) in enumerate(self._backends.items()):
+            if backend.ledger.version:
+                raise RuntimeError("share_ledgers after a lease was taken")
+            backend.ledger, backend.view, backend.view_version = make(i, backend_id), None, -1
 
     def lease(self, backend_id: str, blocks: int, now: float) -> Lease:
         """The ledger entry of one request to `backend_id`, counted from entering the lease

@@ -1,0 +1,60 @@
+"""A worker's reader of the host's scrapes: every `interval` (half the poll interval, so a
+snapshot reaches the worker at most that much later than the poller took it) it applies the
+outcomes the host's poller published since (routing/shared_snapshots.py) to the worker's Fleet,
+in place of a poller of its own. A timer callback, as the poller's are: no task per read."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from routing import shared_snapshots
+from routing.fleet import Fleet
+from routing.shared_snapshots import ScrapeBoard
+
+
+class BoardFeed:
+    def __init__(self, fleet: Fleet, board: ScrapeBoard, interval: float) -> None:
+        if interval <= 0:
+            raise ValueError("need a positive interval")
+        self._fleet = fleet
+        self._board = board
+        self._interval = interval
+        self._timer: asyncio.TimerHandle | None = None
+        self.applied = 0
+
+    def read(self) -> int:
+        """Applies what is new; how many outcomes that was."""
+        fresh = self._board.fresh()
+        for backend_id, event in fresh:
+            shared_snapshots.apply(self._fleet, backend_id, event)
+        self.applied += len(fresh)
+        return len(fresh)
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            self.read()
+        finally:
+            self._timer = loop.call_later(self._interval, self._tick)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[BoardFeed]:
+        self._tick()
+        try:
+            yield self
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+
+    async def first_round(self, timeout_s: float) -> bool:
+        """Waits until every backend has an outcome on the board, at most `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self._board.all_published():
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(min(self._interval, 0.01))
+        self.read()
+        return True

@@ -1,0 +1,162 @@
+"""One `/metrics` for the host: every worker writes its exposition to the host's metrics
+directory every `period`, and the worker that answers a scrape merges the others' last ones into
+its own.
+
+The merge (`merge`, pure): counters, histograms and every untyped sample are summed over the
+workers; so are gauges of a worker's own state (its queue depth, its client connections). A
+gauge labelled with a backend (`kvgate_backend`) reads state every worker shares (the host's
+ledger and scrapes), so the answering worker's own value is the host's and is kept. A family or a
+sample only another worker has is added. A worker's figures are at most one `period` old; a
+restarted worker's counters start again from 0, as a restarted process's do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+log = logging.getLogger("kvgate.workers")
+
+PERIOD_S = 0.5
+SHARED_LABEL = 'kvgate_backend="'
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(slots=True)
+class _Family:
+    name: str
+    kind: str = "untyped"
+    header: list[str] = field(default_factory=list)
+    samples: dict[str, float] = field(default_factory=dict)  # "name{labels}" -> value
+
+
+def parse(text: str) -> dict[str, _Family]:
+    """An exposition's families in order; samples before any TYPE line form their own."""
+    families: dict[str, _Family] = {}
+    current: _Family | None = None
+    for line in text.splitlines():
+        if not line:
+            continue
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
+                name = parts[2]
+                current = families.setdefault(name, _Family(name))
+                current.header.append(line)
+                if parts[1] == "TYPE" and len(parts) == 4:
+                    current.kind = parts[3].strip()
+            continue
+        key, _, value = line.rpartition(" ")
+        if not key:
+            continue
+        if current is None:
+            current = families.setdefault("", _Family(""))
+        try:
+            current.samples[key] = float(value)
+        except ValueError:
+            continue
+    return families
+
+
+def _summed(family: _Family, key: str) -> bool:
+    return family.kind != "gauge" or SHARED_LABEL not in key
+
+
+def merge(own: str, others: Iterable[str]) -> str:
+    """`own` exposition with `others`' merged in (module docstring)."""
+    merged = parse(own)
+    for text in others:
+        for name, theirs in parse(text).items():
+            family = merged.get(name)
+            if family is None:
+                merged[name] = _Family(name, theirs.kind, list(theirs.header),
+                                       dict(theirs.samples))
+                continue
+            for key, value in theirs.samples.items():
+                if key not in family.samples:
+                    family.samples[key] = value
+                elif _summed(family, key):
+                    family.samples[key] += value
+    lines: list[str] = []
+    for family in merged.values():
+        lines.extend(family.header)
+        lines.extend(f"{key} {_number(value)}" for key, value in family.samples.items())
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
+
+
+class HostMetrics:
+    """A worker's part: writing its exposition, merging the others' into its answers."""
+
+    def __init__(self, directory: Path, worker: int, render: Callable[[], bytes],
+                 period_s: float = PERIOD_S) -> None:
+        self.directory = directory
+        self.worker = worker
+        self._render = render
+        self._period_s = period_s
+
+    def path_of(self, worker: int) -> Path:
+        return self.directory / f"worker-{worker}.prom"
+
+    def write(self) -> None:
+        """Writes this worker's exposition whole (a reader never sees half of it)."""
+        path = self.path_of(self.worker)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(self._render())
+        os.replace(tmp, path)
+
+    def others(self) -> list[str]:
+        own = self.path_of(self.worker).name
+        texts: list[str] = []
+        for path in sorted(self.directory.glob("worker-*.prom")):
+            if path.name != own:
+                with contextlib.suppress(OSError):
+                    texts.append(path.read_text())
+        return texts
+
+    async def writing(self, app: web.Application) -> AsyncIterator[None]:
+        """A cleanup context: writes every period while the app runs."""
+        async def loop() -> None:
+            while True:
+                try:
+                    self.write()
+                except OSError as exc:
+                    log.warning("worker %d: cannot write its metrics: %s", self.worker, exc)
+                await asyncio.sleep(self._period_s)
+
+        task = asyncio.create_task(loop(), name="kvgate-worker-metrics")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def middleware(self) -> Middleware:
+        @web.middleware
+        async def host_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
+            response = await handler(request)
+            if (request.path != "/metrics" or response.status != 200
+                    or not isinstance(response, web.Response)
+                    or not isinstance(response.body, bytes)):
+                return response
+            response.body = merge(response.body.decode(), self.others()).encode()
+            return response
+
+        return host_metrics

@@ -1,0 +1,66 @@
+"""The shared-memory segment of one host's workers: the in-flight ledger table
+(routing/shared_ledger.py), then one scrape slot per backend (routing/shared_snapshots.py).
+
+The supervisor creates it (`Segment.create`) and unlinks it when it exits; workers attach to it
+by name (`Segment.attach`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+
+from routing.shared_ledger import LedgerTable
+from routing.shared_slots import Slots
+from routing.shared_snapshots import SLOT_BYTES, ScrapeBoard
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    workers: int
+    backend_ids: tuple[str, ...]
+
+    @property
+    def ledger_bytes(self) -> int:
+        return LedgerTable.nbytes(self.workers, len(self.backend_ids))
+
+    @property
+    def nbytes(self) -> int:
+        return max(8, self.ledger_bytes + ScrapeBoard.nbytes(len(self.backend_ids)))
+
+
+class Segment:
+    def __init__(self, memory: shared_memory.SharedMemory, layout: Layout, *,
+                 owner: bool) -> None:
+        self.memory = memory
+        self.layout = layout
+        self.owner = owner
+        buf = memory.buf
+        assert buf is not None
+        self.ledger = LedgerTable(buf, layout.workers, len(layout.backend_ids))
+        slots = Slots(buf, len(layout.backend_ids), SLOT_BYTES, offset=layout.ledger_bytes)
+        self.board = ScrapeBoard(slots, layout.backend_ids)
+
+    @property
+    def name(self) -> str:
+        return self.memory.name
+
+    @classmethod
+    def create(cls, layout: Layout) -> Segment:
+        memory = shared_memory.SharedMemory(create=True, size=layout.nbytes)
+        assert memory.buf is not None
+        memory.buf[: layout.nbytes] = bytes(layout.nbytes)
+        return cls(memory, layout, owner=True)
+
+    @classmethod
+    def attach(cls, name: str, layout: Layout) -> Segment:
+        # A spawned worker shares the supervisor's resource tracker: attaching registers the
+        # name there once more (a no-op), and the segment is unlinked by the supervisor alone.
+        memory = shared_memory.SharedMemory(name=name)
+        return cls(memory, layout, owner=False)
+
+    def close(self) -> None:
+        self.ledger.release()
+        self.memory.close()
+        if self.owner:
+            self.memory.unlink()

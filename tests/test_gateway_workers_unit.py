@@ -1,0 +1,100 @@
+"""The pure pieces of `kvgate serve --workers N`: the host's `/metrics` merge, each worker's
+share of the caps, the `server.workers` key and the `--workers` flag."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from gateway.config import ConfigError, load_settings
+from gateway.serve import overrides_of, register
+from gateway.workers.metrics import merge
+from gateway.workers.worker import share_of, worker_settings
+
+ONE = """# HELP kvgate_requests_total Requests.
+# TYPE kvgate_requests_total counter
+kvgate_requests_total{code="200"} 3
+# HELP kvgate_queue_depth Waiting.
+# TYPE kvgate_queue_depth gauge
+kvgate_queue_depth 2
+# HELP kvgate_backend_inflight In flight.
+# TYPE kvgate_backend_inflight gauge
+kvgate_backend_inflight{kvgate_backend="b0"} 7
+# TYPE lat histogram
+lat_bucket{le="0.1"} 1
+lat_bucket{le="+Inf"} 2
+lat_sum 0.25
+lat_count 2
+"""
+TWO = """# TYPE kvgate_requests_total counter
+kvgate_requests_total{code="200"} 4
+kvgate_requests_total{code="429"} 1
+# TYPE kvgate_queue_depth gauge
+kvgate_queue_depth 1
+# TYPE kvgate_backend_inflight gauge
+kvgate_backend_inflight{kvgate_backend="b0"} 7
+# TYPE lat histogram
+lat_bucket{le="0.1"} 0
+lat_bucket{le="+Inf"} 1
+lat_sum 0.5
+lat_count 1
+# TYPE only_there counter
+only_there 9
+"""
+
+
+def samples(text: str) -> dict[str, str]:
+    return dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+
+
+def test_counters_histograms_and_own_gauges_are_summed_shared_gauges_kept() -> None:
+    merged = merge(ONE, [TWO])
+    got = samples(merged)
+    assert got['kvgate_requests_total{code="200"}'] == "7"
+    assert got['kvgate_requests_total{code="429"}'] == "1"
+    assert got["kvgate_queue_depth"] == "3"  # each worker's own queue
+    assert got['kvgate_backend_inflight{kvgate_backend="b0"}'] == "7"  # the host's already
+    assert got['lat_bucket{le="+Inf"}'] == "3" and got["lat_sum"] == "0.75"
+    assert got["lat_count"] == "3" and got["only_there"] == "9"
+    assert merged.index("# TYPE kvgate_requests_total") < merged.index(
+        'kvgate_requests_total{code="429"}') < merged.index("# HELP kvgate_queue_depth")
+
+
+def test_merging_nothing_keeps_the_exposition() -> None:
+    assert samples(merge(ONE, [])) == samples(ONE)
+
+
+def test_each_worker_gets_a_fair_share_of_the_caps() -> None:
+    assert [share_of(n, 2) for n in (0, 1, 1024, 1025)] == [0, 1, 512, 513]
+    settings = load_settings(None, overrides={"backends": [{"url": "http://127.0.0.1:1"}]})
+    mine = worker_settings(settings, 4)
+    assert mine.routing.queue.max_depth == settings.routing.queue.max_depth // 4
+    assert mine.server.max_connections == 2500
+    assert mine.server.port == settings.server.port
+
+
+def test_the_workers_key_takes_a_count_or_auto() -> None:
+    base = {"backends": [{"url": "http://127.0.0.1:1"}]}
+    assert load_settings(None, overrides=base).server.worker_count() == 1
+    auto = load_settings(None, overrides={**base, "server": {"workers": "auto"}})
+    assert auto.server.worker_count() >= 1
+    two = load_settings(None, overrides={**base, "server": {"workers": 2}})
+    assert two.server.worker_count() == 2
+    for bad in (0, "many"):
+        with pytest.raises(ConfigError):
+            load_settings(None, overrides={**base, "server": {"workers": bad}})
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+def test_the_workers_flag_sets_the_key() -> None:
+    assert overrides_of(parse("--workers", "3"))["server"] == {"workers": 3}
+    assert overrides_of(parse("--workers", "auto"))["server"] == {"workers": "auto"}
+    assert "server" not in overrides_of(parse())
+    with pytest.raises(SystemExit):
+        parse("--workers", "0")
