@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from routing import outlier
 from routing.ledger import Lease, Ledger
@@ -191,6 +191,17 @@ class Fleet:
         is no candidate until then, without being ejected."""
         backend = self._backends[backend_id]
         backend.health = outlier.on_hold(backend.health, until)
+
+    def adopt_holds(self, backend_id: str, ejected_until: float, held_until: float) -> None:
+        """Another worker of the host ejected the backend, or was told to hold it off, until
+        then (routing/shared_health.py): so does this Fleet, the later of its own and theirs.
+        Its failure count and ejection multiplier stay its own."""
+        backend = self._backends[backend_id]
+        health = backend.health
+        if ejected_until > health.ejected_until or held_until > health.held_until:
+            backend.health = replace(health,
+                                     ejected_until=max(ejected_until, health.ejected_until),
+                                     held_until=max(held_until, health.held_until))
 
     def held_until(self, backend_id: str) -> float:
         return self._backends[backend_id].health.held_until

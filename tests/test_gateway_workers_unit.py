@@ -98,3 +98,30 @@ def test_the_workers_flag_sets_the_key() -> None:
     assert "server" not in overrides_of(parse())
     with pytest.raises(SystemExit):
         parse("--workers", "0")
+
+
+def test_feeds_share_scrapes_and_one_workers_hold_off_with_every_worker() -> None:
+    from gateway.workers.feed import BoardFeed
+    from routing.fleet import Fleet
+    from routing.shared_health import HoldTable
+    from routing.shared_slots import Slots
+    from routing.shared_snapshots import OK, ScrapeBoard, ScrapeEvent
+    from routing.state import BackendSnapshot, BackendSpec
+
+    specs = [BackendSpec("b0", "http://127.0.0.1:9000", ("m",))]
+    board_buf = memoryview(bytearray(ScrapeBoard.nbytes(1)))
+    holds = HoldTable(memoryview(bytearray(HoldTable.nbytes(2, 1))), 2, 1)
+    poller_side = ScrapeBoard(Slots(board_buf, 1, 4096), ["b0"])
+    fleets = [Fleet(specs) for _ in range(2)]
+    feeds = [BoardFeed(f, ScrapeBoard(Slots(board_buf, 1, 4096), ["b0"]), 0.05, holds, w)
+             for w, f in enumerate(fleets)]
+    snapshot = BackendSnapshot(taken_at=1.0, format="vllm", kv_total_blocks=100,
+                               kv_free_blocks=90, models=("m",))
+    poller_side.publish("b0", ScrapeEvent(OK, 1.0, True, snapshot))
+    assert [feed.read() for feed in feeds] == [1, 1]
+    assert all(f.snapshot("b0") == snapshot for f in fleets)
+    assert [feed.read() for feed in feeds] == [0, 0]  # nothing new
+    fleets[0].hold_off("b0", 30.0)  # a 429 with Retry-After seen by worker 0
+    feeds[0].read()
+    feeds[1].read()
+    assert fleets[1].held_until("b0") == 30.0 and fleets[1].candidates("m", 2.0) == []

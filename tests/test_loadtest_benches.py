@@ -93,6 +93,7 @@ TINY_RUNS = {  # bench_fleet's smallest run measures three workloads' capacity: 
     "bench_sim": ["--streams", "8", "--engine-only"],
     "proxy_bench": ["--requests", "5", "--chunks", "5", "--cache"],
     "bench_gateway_telemetry": ["--requests", "20", "--rounds", "1"],
+    "bench_workers": ["--requests", "20", "--rounds", "1"],
 }
 
 

@@ -204,3 +204,26 @@ def test_a_board_feeds_a_fleet_as_its_poller_would() -> None:
     assert [c.snapshot for c in fleet.candidates("m", 2.0)] == [snap(2.0, 70)]
     apply(fleet, "b0", ScrapeEvent(FAILED, 3.0, True))
     assert fleet.scrape_failures("b0") == 1
+
+
+def test_the_hold_table_gives_the_latest_of_every_worker_and_zeros_read_as_past() -> None:
+    from routing.shared_health import HoldTable
+
+    t = HoldTable(memoryview(bytearray(HoldTable.nbytes(2, 1))), 2, 1)
+    assert t.latest(0) == (0.0, 0.0)
+    t.write(0, 0, 10.0, float("-inf"))
+    t.write(1, 0, 5.0, 7.0)
+    assert t.latest(0) == (10.0, 7.0)
+
+
+def test_a_fleet_adopts_a_later_ejection_or_hold_and_keeps_its_own_counts() -> None:
+    fleet = Fleet([spec(0)])
+    fleet.record_success("b0", 0.0)
+    fleet.adopt_holds("b0", 0.0, 0.0)  # long past: nothing changes
+    assert [c.spec.id for c in fleet.candidates("m", 1.0)] == ["b0"]
+    fleet.adopt_holds("b0", 5.0, 3.0)
+    assert fleet.candidates("m", 4.0) == [] and not fleet.is_healthy("b0", 4.0)
+    assert fleet.health("b0").ejections == 0 and fleet.consecutive_failures("b0") == 0
+    fleet.adopt_holds("b0", 2.0, 1.0)  # earlier than its own: kept
+    assert fleet.health("b0").ejected_until == 5.0
+    assert [c.spec.id for c in fleet.candidates("m", 5.0)] == ["b0"]

@@ -1,7 +1,8 @@
 """A worker's reader of the host's scrapes: every `interval` (half the poll interval, so a
 snapshot reaches the worker at most that much later than the poller took it) it applies the
 outcomes the host's poller published since (routing/shared_snapshots.py) to the worker's Fleet,
-in place of a poller of its own. A timer callback, as the poller's are: no task per read."""
+in place of a poller of its own, and shares the host's ejections and holds
+(routing/shared_health.py). A timer callback, as the poller's are: no task per read."""
 
 from __future__ import annotations
 
@@ -11,16 +12,22 @@ from collections.abc import AsyncIterator
 
 from routing import shared_snapshots
 from routing.fleet import Fleet
+from routing.shared_health import HoldTable
 from routing.shared_snapshots import ScrapeBoard
 
 
 class BoardFeed:
-    def __init__(self, fleet: Fleet, board: ScrapeBoard, interval: float) -> None:
+    def __init__(self, fleet: Fleet, board: ScrapeBoard, interval: float,
+                 holds: HoldTable | None = None, worker: int = 0) -> None:
+        """`holds`, `worker`: the host's ejections and holds, and this worker's row there: at
+        every read this worker's are published and the other workers' later ones adopted."""
         if interval <= 0:
             raise ValueError("need a positive interval")
         self._fleet = fleet
         self._board = board
         self._interval = interval
+        self._holds = holds
+        self._worker = worker
         self._timer: asyncio.TimerHandle | None = None
         self.applied = 0
 
@@ -30,7 +37,17 @@ class BoardFeed:
         for backend_id, event in fresh:
             shared_snapshots.apply(self._fleet, backend_id, event)
         self.applied += len(fresh)
+        if self._holds is not None:
+            self.share_holds(self._holds)
         return len(fresh)
+
+    def share_holds(self, holds: HoldTable) -> None:
+        fleet, worker = self._fleet, self._worker
+        for i, spec in enumerate(fleet.specs):
+            health = fleet.health(spec.id)
+            holds.write(worker, i, health.ejected_until, health.held_until)
+            ejected_until, held_until = holds.latest(i)
+            fleet.adopt_holds(spec.id, ejected_until, held_until)
 
     def _tick(self) -> None:
         loop = asyncio.get_running_loop()

@@ -1,5 +1,6 @@
 """The shared-memory segment of one host's workers: the in-flight ledger table
-(routing/shared_ledger.py), then one scrape slot per backend (routing/shared_snapshots.py).
+(routing/shared_ledger.py), the ejections and holds (routing/shared_health.py), then one scrape
+slot per backend (routing/shared_snapshots.py).
 
 The supervisor creates it (`Segment.create`) and unlinks it when it exits; workers attach to it
 by name (`Segment.attach`).
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
+from routing.shared_health import HoldTable
 from routing.shared_ledger import LedgerTable
 from routing.shared_slots import Slots
 from routing.shared_snapshots import SLOT_BYTES, ScrapeBoard
@@ -25,8 +27,13 @@ class Layout:
         return LedgerTable.nbytes(self.workers, len(self.backend_ids))
 
     @property
+    def holds_bytes(self) -> int:
+        return HoldTable.nbytes(self.workers, len(self.backend_ids))
+
+    @property
     def nbytes(self) -> int:
-        return max(8, self.ledger_bytes + ScrapeBoard.nbytes(len(self.backend_ids)))
+        return max(8, self.ledger_bytes + self.holds_bytes
+                   + ScrapeBoard.nbytes(len(self.backend_ids)))
 
 
 class Segment:
@@ -37,8 +44,10 @@ class Segment:
         self.owner = owner
         buf = memory.buf
         assert buf is not None
-        self.ledger = LedgerTable(buf, layout.workers, len(layout.backend_ids))
-        slots = Slots(buf, len(layout.backend_ids), SLOT_BYTES, offset=layout.ledger_bytes)
+        count = len(layout.backend_ids)
+        self.ledger = LedgerTable(buf, layout.workers, count)
+        self.holds = HoldTable(buf, layout.workers, count, offset=layout.ledger_bytes)
+        slots = Slots(buf, count, SLOT_BYTES, offset=layout.ledger_bytes + layout.holds_bytes)
         self.board = ScrapeBoard(slots, layout.backend_ids)
 
     @property
@@ -61,6 +70,7 @@ class Segment:
 
     def close(self) -> None:
         self.ledger.release()
+        self.holds.release()
         self.memory.close()
         if self.owner:
             self.memory.unlink()

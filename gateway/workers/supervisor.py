@@ -124,8 +124,7 @@ class Supervisor:
                 self._slots = [self._spawn(a) for a in args]
                 if not await self._all_ready():
                     if self._stopping is None:
-                        log.error("the workers did not all start within %g s",
-                                  START_TIMEOUT_S)
+                        log.error("the workers did not all start: stopping")
                         self._stop(signal.SIGTERM)
                 else:
                     host = settings.server.host
@@ -181,6 +180,11 @@ class Supervisor:
         while time.monotonic() < deadline and self._stopping is None:
             if all(slot.ready.is_set() for slot in self._slots):
                 return True
+            for slot in self._slots:
+                if not slot.process.is_alive() and not slot.ready.is_set():
+                    log.error("worker %d exited (code %s) before it served", slot.index,
+                              slot.process.exitcode)
+                    return False
             await self._nap()
         return False
 

@@ -5,10 +5,12 @@ listening with SO_REUSEPORT on the host's port, with
   worker's requests in flight;
 - its scrapes read from the host's board (gateway/workers/feed.py) instead of a poller of its
   own, so each backend is scraped once per interval per host;
+- the host's ejections and Retry-After holds (routing/shared_health.py): a backend one worker
+  takes out is out for all within half a poll interval;
 - its `/metrics` answers merged with the other workers' (gateway/workers/metrics.py);
 - its own queue (a fair share of `routing.queue.max_depth`), connections (a fair share of
-  `server.max_connections` and `server.max_upstream_connections`), retry budget, learned speeds
-  and output lengths.
+  `server.max_connections` and `server.max_upstream_connections`), retry budget, count of
+  failures in a row, learned speeds and output lengths.
 
 Started by the supervisor with the 'spawn' method: `main` is the process's target.
 """
@@ -88,7 +90,7 @@ def main(args: WorkerArgs, ready: Event) -> None:
         app[FLEET].share_ledgers(lambda i, _id: HostLedger(segment.ledger, index, i))
 
         def feed(fleet: Fleet) -> BoardFeed:
-            return BoardFeed(fleet, segment.board, interval)
+            return BoardFeed(fleet, segment.board, interval, segment.holds, index)
 
         app[SCRAPE_SOURCE] = feed
         app.on_response_prepare.append(_stamp(str(index)))
