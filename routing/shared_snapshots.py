@@ -32,17 +32,18 @@ class ScrapeEvent:
     at: float  # monotonic seconds
     answered: bool = False  # FAILED: the backend answered (an error status, a bad payload)
     snapshot: BackendSnapshot | None = None  # OK
+    error: str = ""  # FAILED, UNREACHABLE: the error's class name, as the poller's on_error
 
 
 def encode(event: ScrapeEvent) -> bytes:
     snap = None if event.snapshot is None else tuple(event.snapshot)
-    return marshal.dumps((event.kind, event.at, event.answered, snap))
+    return marshal.dumps((event.kind, event.at, event.answered, snap, event.error))
 
 
 def decode(payload: bytes) -> ScrapeEvent:
-    kind, at, answered, snap = marshal.loads(payload)
+    kind, at, answered, snap, error = marshal.loads(payload)
     snapshot = None if snap is None else BackendSnapshot(*snap)
-    return ScrapeEvent(str(kind), float(at), bool(answered), snapshot)
+    return ScrapeEvent(str(kind), float(at), bool(answered), snapshot, str(error))
 
 
 def apply(fleet: Fleet, backend_id: str, event: ScrapeEvent) -> None:

@@ -125,3 +125,31 @@ def test_feeds_share_scrapes_and_one_workers_hold_off_with_every_worker() -> Non
     feeds[0].read()
     feeds[1].read()
     assert fleets[1].held_until("b0") == 30.0 and fleets[1].candidates("m", 2.0) == []
+
+
+def test_the_supervisors_fleet_publishes_each_outcome_and_one_worker_counts_failures() -> None:
+    from gateway.workers.feed import BoardFeed
+    from gateway.workers.supervisor import PublishingFleet
+    from routing.fleet import Fleet, OutlierRules
+    from routing.shared_slots import Slots
+    from routing.shared_snapshots import ScrapeBoard
+    from routing.state import BackendSpec
+
+    specs = (BackendSpec("b0", "http://127.0.0.1:9000", ("m",)),)
+    buf = memoryview(bytearray(ScrapeBoard.nbytes(1)))
+    host = PublishingFleet(specs, ScrapeBoard(Slots(buf, 1, 4096), ["b0"]),
+                           max_snapshot_age=1.0, rules=OutlierRules())
+    counted: list[tuple[str, str]] = []
+    worker = Fleet(specs)
+    feed = BoardFeed(worker, ScrapeBoard(Slots(buf, 1, 4096), ["b0"]), 0.05,
+                     on_error=lambda b, e: counted.append((b, e)))
+    host.record_unreachable("b0", 1.0)
+    assert feed.read() == 0  # published once the poller named the error
+    host.failed("b0", "ScrapeConnectError")
+    assert feed.read() == 1 and counted == [("b0", "ScrapeConnectError")]
+    assert not worker.health("b0").reachable
+    host.record_scrape_failure("b0", 2.0, answered=True)
+    host.failed("b0", "ScrapeError")
+    feed.read()
+    assert counted[-1] == ("b0", "ScrapeError") and worker.health("b0").reachable
+    assert worker.scrape_failures("b0") == 1

@@ -173,7 +173,8 @@ def test_ledgers_are_shared_only_before_the_first_lease() -> None:
 
 
 def test_scrape_events_survive_the_trip() -> None:
-    for event in (ScrapeEvent(OK, 1.5, True, snap(1.5, 40)), ScrapeEvent(FAILED, 2.0, True),
+    for event in (ScrapeEvent(OK, 1.5, True, snap(1.5, 40)),
+                  ScrapeEvent(FAILED, 2.0, True, None, "ScrapeTimeout"),
                   ScrapeEvent(UNREACHABLE, 3.0)):
         assert decode(encode(event)) == event
 

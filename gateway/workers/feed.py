@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from routing import shared_snapshots
 from routing.fleet import Fleet
@@ -18,9 +18,13 @@ from routing.shared_snapshots import ScrapeBoard
 
 class BoardFeed:
     def __init__(self, fleet: Fleet, board: ScrapeBoard, interval: float,
-                 holds: HoldTable | None = None, worker: int = 0) -> None:
+                 holds: HoldTable | None = None, worker: int = 0,
+                 on_error: Callable[[str, str], None] | None = None) -> None:
         """`holds`, `worker`: the host's ejections and holds, and this worker's row there: at
-        every read this worker's are published and the other workers' later ones adopted."""
+        every read this worker's are published and the other workers' later ones adopted.
+        `on_error(backend_id, error_class)`: told of every failed scrape read, as the poller's
+        (one worker of the host counts them, or the host's `/metrics` would count each N
+        times)."""
         if interval <= 0:
             raise ValueError("need a positive interval")
         self._fleet = fleet
@@ -28,6 +32,7 @@ class BoardFeed:
         self._interval = interval
         self._holds = holds
         self._worker = worker
+        self._on_error = on_error
         self._timer: asyncio.TimerHandle | None = None
         self.applied = 0
 
@@ -36,6 +41,8 @@ class BoardFeed:
         fresh = self._board.fresh()
         for backend_id, event in fresh:
             shared_snapshots.apply(self._fleet, backend_id, event)
+            if event.error and self._on_error is not None:
+                self._on_error(backend_id, event.error)
         self.applied += len(fresh)
         if self._holds is not None:
             self.share_holds(self._holds)

@@ -26,7 +26,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.context import SpawnProcess
 from multiprocessing.synchronize import Event
 
@@ -47,12 +47,15 @@ KILL_AFTER_S = 5.0  # past the drain's own deadlines
 
 
 class PublishingFleet(Fleet):
-    """The supervisor's Fleet: every scrape outcome the poller reports goes onto the board."""
+    """The supervisor's Fleet: every scrape outcome the poller reports goes onto the board. A
+    failure is published once the poller's `on_error` (`failed`, which it calls right after)
+    has named its class."""
 
     def __init__(self, specs: tuple[BackendSpec, ...], board: ScrapeBoard, *,
                  max_snapshot_age: float, rules: OutlierRules) -> None:
         super().__init__(specs, max_snapshot_age=max_snapshot_age, rules=rules)
         self._board = board
+        self._failing: dict[str, ScrapeEvent] = {}
 
     def record_scrape(self, backend_id: str, snapshot: BackendSnapshot) -> None:
         super().record_scrape(backend_id, snapshot)
@@ -60,11 +63,17 @@ class PublishingFleet(Fleet):
 
     def record_scrape_failure(self, backend_id: str, now: float, *, answered: bool) -> None:
         super().record_scrape_failure(backend_id, now, answered=answered)
-        self._board.publish(backend_id, ScrapeEvent(FAILED, now, answered))
+        self._failing[backend_id] = ScrapeEvent(FAILED, now, answered)
 
     def record_unreachable(self, backend_id: str, now: float) -> None:
         super().record_unreachable(backend_id, now)
-        self._board.publish(backend_id, ScrapeEvent(UNREACHABLE, now))
+        self._failing[backend_id] = ScrapeEvent(UNREACHABLE, now)
+
+    def failed(self, backend_id: str, error: str) -> None:
+        """The poller's `on_error`."""
+        event = self._failing.pop(backend_id, None)
+        if event is not None:
+            self._board.publish(backend_id, replace(event, error=error))
 
 
 @dataclass(slots=True)
@@ -154,6 +163,7 @@ class Supervisor:
                                max_ejected_fraction=health.max_ejected_fraction))
         return Poller(
             fleet, interval=routing.poll_interval_s, timeout=routing.scrape_timeout_s,
+            on_error=fleet.failed,
             group_size=settings.advanced.poll_group_size,
             full_every=full_every_for(settings.advanced.full_scrape_interval_s,
                                       routing.poll_interval_s))

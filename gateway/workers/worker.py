@@ -89,8 +89,11 @@ def main(args: WorkerArgs, ready: Event) -> None:
         index = args.index
         app[FLEET].share_ledgers(lambda i, _id: HostLedger(segment.ledger, index, i))
 
+        # Worker 0 counts the host's failed scrapes: the host's /metrics sums the workers'.
+        on_error = app[TELEMETRY].poll_error if index == 0 else None
+
         def feed(fleet: Fleet) -> BoardFeed:
-            return BoardFeed(fleet, segment.board, interval, segment.holds, index)
+            return BoardFeed(fleet, segment.board, interval, segment.holds, index, on_error)
 
         app[SCRAPE_SOURCE] = feed
         app.on_response_prepare.append(_stamp(str(index)))
