@@ -15,10 +15,11 @@ gateway process from /proc around it. Each answer names its worker (`x-kvgate-wo
 Reported, as the median over the rounds: the workers' CPU microseconds per request (the
 single gateway's includes its poller; with two workers the poller is the supervisor's, shown
 apart), the host's CPU per request (every gateway process), requests per second, and the most
-requests in flight the host's ledger showed (`/admin/backends`, sampled during the load) next to
-the most any one worker had. On a 2-core machine shared with the simulator and the load
-generator, requests per second cannot show how throughput scales with workers: every process
-competes for the same two cores; the CPU per request can.
+requests in flight the host's ledger showed (`/admin/backends`, sampled during one more round of
+the same load, apart from the measured ones: its own CPU would count as the requests'). On a
+2-core machine shared with the simulator and the load generator, requests per second cannot show
+how throughput scales with workers: every process competes for the same two cores; the CPU per
+request can.
 """
 
 from __future__ import annotations
@@ -134,7 +135,10 @@ BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Say something 
         "max_tokens": 16, "min_tokens": 16}
 
 
-async def phase(gateway: Gateway, requests: int, concurrency: int) -> Phase:
+async def phase(gateway: Gateway, requests: int, concurrency: int,
+                watch_ledger: bool = False) -> Phase:
+    """One closed-loop load. `watch_ledger`: sample `/admin/backends` meanwhile (its own CPU
+    would be charged to the requests: not in the phases that measure CPU)."""
     pids = gateway.pids()
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     answered: Counter[str] = Counter()
@@ -158,7 +162,7 @@ async def phase(gateway: Gateway, requests: int, concurrency: int) -> Phase:
     async def watch() -> None:
         nonlocal ledger_max
         async with aiohttp.ClientSession() as http:
-            while not done.is_set():
+            while watch_ledger and not done.is_set():
                 async with http.get(gateway.url + "/admin/backends") as resp:
                     rows = orjson.loads(await resp.read())["backends"]
                 ledger_max = max(ledger_max, sum(int(r["inflight"]) for r in rows))
@@ -191,10 +195,14 @@ async def bench(args: argparse.Namespace) -> list[Phase]:
             await phase(g, min(200, args.requests), args.concurrency)
         for r in range(args.rounds):
             for g in gateways[r % 2:] + gateways[: r % 2]:
-                p = phase(g, args.requests, args.concurrency)
-                phases.append(await p)
+                phases.append(await phase(g, args.requests, args.concurrency))
                 print(f"round {r}: --workers {g.workers}: {phases[-1].answered}, "
                       f"{phases[-1].seconds:.1f} s", file=sys.stderr, flush=True)
+        for g in gateways:
+            watched = await phase(g, min(400, args.requests), args.concurrency, True)
+            for measured in phases:
+                if measured.workers == g.workers:
+                    measured.ledger_max = max(measured.ledger_max, watched.ledger_max)
     return phases
 
 

@@ -4,6 +4,7 @@ share of the caps, the `server.workers` key and the `--workers` flag."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +154,25 @@ def test_the_supervisors_fleet_publishes_each_outcome_and_one_worker_counts_fail
     feed.read()
     assert counted[-1] == ("b0", "ScrapeError") and worker.health("b0").reachable
     assert worker.scrape_failures("b0") == 1
+
+
+def test_a_worker_writes_its_figures_only_when_an_epoch_it_has_not_written_was_asked(
+        tmp_path: Path) -> None:
+    from gateway.workers.metrics import Epochs, HostMetrics
+
+    epochs = Epochs(memoryview(bytearray(Epochs.nbytes(2))), 2)
+    renders = [0, 0]
+
+    def render(w: int) -> bytes:
+        renders[w] += 1
+        return f"# TYPE n counter\nn {renders[w]}\n".encode()
+
+    workers = [HostMetrics(tmp_path, w, lambda w=w: render(w), epochs) for w in range(2)]
+    for worker in workers:
+        worker.check()
+    assert renders == [0, 0]  # nobody asked
+    epoch = epochs.ask()
+    workers[1].check()
+    workers[1].check()
+    assert renders == [0, 1] and epochs.written(1) == epoch
+    assert samples(merge(workers[0]._render().decode(), workers[0].others()))["n"] == "2"

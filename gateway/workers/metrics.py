@@ -1,13 +1,13 @@
-"""One `/metrics` for the host: every worker writes its exposition to the host's metrics
-directory every `period`, and the worker that answers a scrape merges the others' last ones into
-its own.
+"""One `/metrics` for the host: the worker that answers a scrape asks the others for their
+figures (`Epochs`, in the host's segment), each writes its exposition to the host's metrics
+directory, and the answering worker merges them into its own (`HostMetrics`).
 
 The merge (`merge`, pure): counters, histograms and every untyped sample are summed over the
 workers; so are gauges of a worker's own state (its queue depth, its client connections). A
 gauge labelled with a backend (`kvgate_backend`) reads state every worker shares (the host's
 ledger and scrapes), so the answering worker's own value is the host's and is kept. A family or a
-sample only another worker has is added. A worker's figures are at most one `period` old; a
-restarted worker's counters start again from 0, as a restarted process's do.
+sample only another worker has is added. A restarted worker's counters start again from 0, as a
+restarted process's do.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from aiohttp.typedefs import Middleware
 
 log = logging.getLogger("kvgate.workers")
 
-PERIOD_S = 0.5
+CHECK_S = 0.05
+WAIT_S = 0.5
 SHARED_LABEL = 'kvgate_backend="'
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -101,25 +102,74 @@ def _number(value: float) -> str:
     return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
 
 
+class Epochs:
+    """Who asked for the workers' figures, and who wrote them since: 64-bit cells in the host's
+    segment, the first the epoch last asked for, then the one each worker last wrote for."""
+
+    __slots__ = ("_cells", "workers")
+
+    def __init__(self, buf: memoryview, workers: int, offset: int = 0) -> None:
+        self._cells = buf[offset : offset + self.nbytes(workers)].cast("q")
+        self.workers = workers
+
+    @staticmethod
+    def nbytes(workers: int) -> int:
+        return (1 + workers) * 8
+
+    def ask(self) -> int:
+        """A new epoch to write for (two workers asking at once may ask for the same one)."""
+        epoch = self._cells[0] + 1
+        self._cells[0] = epoch
+        return epoch
+
+    @property
+    def asked(self) -> int:
+        return self._cells[0]
+
+    def wrote(self, worker: int, epoch: int) -> None:
+        self._cells[1 + worker] = epoch
+
+    def written(self, worker: int) -> int:
+        return self._cells[1 + worker]
+
+    def release(self) -> None:
+        self._cells.release()
+
+
 class HostMetrics:
-    """A worker's part: writing its exposition, merging the others' into its answers."""
+    """A worker's part: writing its exposition when asked, merging the others' into its
+    answers. Nothing is rendered while nobody scrapes: the worker answering `/metrics` asks for
+    a new epoch; every worker checks every `CHECK_S` whether one was asked that it has not
+    written yet, and writes its exposition then; the answering worker waits, at most
+    `WAIT_S` (a worker that died or hangs does not hold the scrape up), for every other
+    worker to have written, and merges what their files hold."""
 
     def __init__(self, directory: Path, worker: int, render: Callable[[], bytes],
-                 period_s: float = PERIOD_S) -> None:
+                 epochs: Epochs) -> None:
         self.directory = directory
         self.worker = worker
         self._render = render
-        self._period_s = period_s
+        self._epochs = epochs
 
     def path_of(self, worker: int) -> Path:
         return self.directory / f"worker-{worker}.prom"
 
     def write(self) -> None:
         """Writes this worker's exposition whole (a reader never sees half of it)."""
+        epoch = self._epochs.asked
         path = self.path_of(self.worker)
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(self._render())
         os.replace(tmp, path)
+        self._epochs.wrote(self.worker, epoch)
+
+    def check(self) -> None:
+        """Writes when an epoch was asked that this worker has not written for."""
+        if self._epochs.asked > self._epochs.written(self.worker):
+            try:
+                self.write()
+            except OSError as exc:
+                log.warning("worker %d: cannot write its metrics: %s", self.worker, exc)
 
     def others(self) -> list[str]:
         own = self.path_of(self.worker).name
@@ -130,16 +180,25 @@ class HostMetrics:
                     texts.append(path.read_text())
         return texts
 
+    async def fresh_others(self) -> list[str]:
+        epochs = self._epochs
+        epoch = epochs.ask()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT_S
+        peers = [w for w in range(epochs.workers) if w != self.worker]
+        while any(epochs.written(w) < epoch for w in peers) and loop.time() < deadline:
+            await asyncio.sleep(CHECK_S / 2)
+        return self.others()
+
     async def writing(self, app: web.Application) -> AsyncIterator[None]:
-        """A cleanup context: writes every period while the app runs."""
+        """A cleanup context: writes once at start (a restarted worker's figures start again
+        from 0), then whenever asked, while the app runs."""
         async def loop() -> None:
             while True:
-                try:
-                    self.write()
-                except OSError as exc:
-                    log.warning("worker %d: cannot write its metrics: %s", self.worker, exc)
-                await asyncio.sleep(self._period_s)
+                self.check()
+                await asyncio.sleep(CHECK_S)
 
+        self.write()
         task = asyncio.create_task(loop(), name="kvgate-worker-metrics")
         try:
             yield
@@ -151,12 +210,14 @@ class HostMetrics:
     def middleware(self) -> Middleware:
         @web.middleware
         async def host_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if request.path != "/metrics":
+                return await handler(request)
+            others = await self.fresh_others()
             response = await handler(request)
-            if (request.path != "/metrics" or response.status != 200
-                    or not isinstance(response, web.Response)
+            if (response.status != 200 or not isinstance(response, web.Response)
                     or not isinstance(response.body, bytes)):
                 return response
-            response.body = merge(response.body.decode(), self.others()).encode()
+            response.body = merge(response.body.decode(), others).encode()
             return response
 
         return host_metrics

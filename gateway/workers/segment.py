@@ -1,6 +1,7 @@
 """The shared-memory segment of one host's workers: the in-flight ledger table
-(routing/shared_ledger.py), the ejections and holds (routing/shared_health.py), then one scrape
-slot per backend (routing/shared_snapshots.py).
+(routing/shared_ledger.py), the ejections and holds (routing/shared_health.py), the metrics
+epochs (gateway/workers/metrics.py), then one scrape slot per backend
+(routing/shared_snapshots.py).
 
 The supervisor creates it (`Segment.create`) and unlinks it when it exits; workers attach to it
 by name (`Segment.attach`).
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
+from gateway.workers.metrics import Epochs
 from routing.shared_health import HoldTable
 from routing.shared_ledger import LedgerTable
 from routing.shared_slots import Slots
@@ -31,9 +33,16 @@ class Layout:
         return HoldTable.nbytes(self.workers, len(self.backend_ids))
 
     @property
+    def epochs_at(self) -> int:
+        return self.ledger_bytes + self.holds_bytes
+
+    @property
+    def board_at(self) -> int:
+        return self.epochs_at + Epochs.nbytes(self.workers)
+
+    @property
     def nbytes(self) -> int:
-        return max(8, self.ledger_bytes + self.holds_bytes
-                   + ScrapeBoard.nbytes(len(self.backend_ids)))
+        return self.board_at + ScrapeBoard.nbytes(len(self.backend_ids))
 
 
 class Segment:
@@ -47,7 +56,8 @@ class Segment:
         count = len(layout.backend_ids)
         self.ledger = LedgerTable(buf, layout.workers, count)
         self.holds = HoldTable(buf, layout.workers, count, offset=layout.ledger_bytes)
-        slots = Slots(buf, count, SLOT_BYTES, offset=layout.ledger_bytes + layout.holds_bytes)
+        self.epochs = Epochs(buf, layout.workers, offset=layout.epochs_at)
+        slots = Slots(buf, count, SLOT_BYTES, offset=layout.board_at)
         self.board = ScrapeBoard(slots, layout.backend_ids)
 
     @property
@@ -71,6 +81,7 @@ class Segment:
     def close(self) -> None:
         self.ledger.release()
         self.holds.release()
+        self.epochs.release()
         self.memory.close()
         if self.owner:
             self.memory.unlink()

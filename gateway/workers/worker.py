@@ -97,7 +97,8 @@ def main(args: WorkerArgs, ready: Event) -> None:
 
         app[SCRAPE_SOURCE] = feed
         app.on_response_prepare.append(_stamp(str(index)))
-        metrics = HostMetrics(Path(args.metrics_dir), index, app[TELEMETRY].render_prometheus)
+        metrics = HostMetrics(Path(args.metrics_dir), index, app[TELEMETRY].render_prometheus,
+                              segment.epochs)
         app.middlewares.append(metrics.middleware())
         app.cleanup_ctx.append(metrics.writing)
 
