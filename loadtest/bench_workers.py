@@ -14,11 +14,12 @@ gateway process from /proc around it. Each answer names its worker (`x-kvgate-wo
 
 Reported, as the median over the rounds: the workers' CPU microseconds per request (the
 single gateway's includes its poller; with two workers the poller is the supervisor's, shown
-apart), the host's CPU per request (every gateway process), requests per second, and the most
-requests in flight the host's ledger showed (`/admin/backends`, sampled during one more round of
-the same load, apart from the measured ones: its own CPU would count as the requests'). On a
-2-core machine shared with the simulator and the load generator, requests per second cannot show
-how throughput scales with workers: every process competes for the same two cores; the CPU per
+apart), the same less what the workers spend idle (measured for `--idle-s` before the rounds),
+the host's CPU per request (every gateway process), requests per second, and the most requests
+in flight the host's ledger showed (`/admin/backends`, sampled during one more round of the
+same load, apart from the measured ones: its own CPU would count as the requests'). On a 2-core
+machine shared with the simulator and the load generator, requests per second cannot show how
+throughput scales with workers: every process competes for the same two cores; the CPU per
 request can.
 """
 
@@ -33,7 +34,7 @@ import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -128,7 +129,7 @@ class Phase:
     cpu: dict[str, float]  # by process name: seconds
     ledger_max: int = 0
     errors: int = 0
-    per_worker_us: list[float] = field(default_factory=list)
+    idle_per_s: float = 0.0  # the workers' CPU seconds per second with no load
 
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Say something short."}],
@@ -179,11 +180,23 @@ async def phase(gateway: Gateway, requests: int, concurrency: int,
     return Phase(gateway.workers, seconds, answered, cpu, ledger_max, errors)
 
 
-def worker_us(p: Phase) -> float:
+def worker_us(p: Phase, net: bool = False) -> float:
     """The workers' CPU µs per request: every worker process's CPU (not the supervisor's) over
-    the requests they answered."""
+    the requests they answered; `net`: less what they spend idle (timers, the feed) meanwhile."""
     cpu = sum(seconds for name, seconds in p.cpu.items() if name != "supervisor")
+    if net:
+        cpu -= p.idle_per_s * p.seconds
     return cpu / sum(p.answered.values()) * 1e6
+
+
+async def idle_rate(gateways: Sequence[Gateway], seconds: float) -> dict[int, float]:
+    """Each gateway's workers' CPU seconds per second while none is loaded."""
+    pids = {g.workers: {n: p for n, p in g.pids().items() if n != "supervisor"}
+            for g in gateways}
+    before = {w: sum(cpu_seconds(p) for p in ps.values()) for w, ps in pids.items()}
+    await asyncio.sleep(seconds)
+    return {w: (sum(cpu_seconds(p) for p in ps.values()) - before[w]) / seconds
+            for w, ps in pids.items()}
 
 
 async def bench(args: argparse.Namespace) -> list[Phase]:
@@ -193,9 +206,11 @@ async def bench(args: argparse.Namespace) -> list[Phase]:
         gateways = [await stack.enter_async_context(serving(sim.url, n)) for n in (1, 2)]
         for g in gateways:  # warm up: connections, first scrapes, learned speeds
             await phase(g, min(200, args.requests), args.concurrency)
+        idle = await idle_rate(gateways, args.idle_s)
         for r in range(args.rounds):
             for g in gateways[r % 2:] + gateways[: r % 2]:
                 phases.append(await phase(g, args.requests, args.concurrency))
+                phases[-1].idle_per_s = idle[g.workers]
                 print(f"round {r}: --workers {g.workers}: {phases[-1].answered}, "
                       f"{phases[-1].seconds:.1f} s", file=sys.stderr, flush=True)
         for g in gateways:
@@ -210,10 +225,14 @@ def tables(phases: Sequence[Phase], concurrency: int) -> list[Table]:
     rows = []
     ratios = []
     by = {n: [p for p in phases if p.workers == n] for n in (1, 2)}
+    net_ratios = []
     for one, two in zip(by[1], by[2], strict=False):
         ratios.append(worker_us(two) / worker_us(one))
+        net_ratios.append(worker_us(two, True) / worker_us(one, True))
     for n, ps in by.items():
         per_worker = statistics.median(worker_us(p) for p in ps)
+        net = statistics.median(worker_us(p, True) for p in ps)
+        idle_ms = ps[0].idle_per_s * 1000 / n
         host_us = statistics.median(sum(p.cpu.values()) / sum(p.answered.values()) * 1e6
                                     for p in ps)
         sup_us = statistics.median(p.cpu.get("supervisor", 0.0) / sum(p.answered.values())
@@ -221,12 +240,15 @@ def tables(phases: Sequence[Phase], concurrency: int) -> list[Table]:
         rate = statistics.median(sum(p.answered.values()) / p.seconds for p in ps)
         share = statistics.median(max(p.answered.values()) / sum(p.answered.values())
                                   for p in ps)
-        rows.append([n, round(per_worker), round(sup_us) if n > 1 else None, round(host_us),
+        rows.append([n, round(per_worker), round(net), round(idle_ms, 1),
+                     round(sup_us) if n > 1 else None, round(host_us),
                      round(rate), round(share, 2), max(p.ledger_max for p in ps),
                      sum(p.errors for p in ps)])
-    ratio = statistics.median(ratios)
+    ratio, net_ratio = statistics.median(ratios), statistics.median(net_ratios)
     notes = (f"Worker CPU per request with 2 workers over 1 worker (per round): "
-             f"median {ratio:.2f}x (target at most 1.1x). Ledger max: the most requests in "
+             f"median {ratio:.2f}x, {net_ratio:.2f}x net of each process's idle CPU "
+             f"(target at most 1.1x; at this low a load a worker's fixed cost per second, "
+             f"paid by each worker, weighs on every request). Ledger max: the most requests in "
              f"flight `/admin/backends` showed for the host, at {concurrency} requests at once; "
              f"with 2 workers each answering about half of them, a figure near {concurrency} "
              f"means every worker reads every worker's requests. Throughput on this 2-core "
@@ -234,7 +256,8 @@ def tables(phases: Sequence[Phase], concurrency: int) -> list[Table]:
              f"cannot show saturation scaling.")
     return [Table(
         "kvgate serve --workers 1 and 2, one simulated backend, closed loop",
-        ["workers", "worker CPU µs/request", "supervisor (poller) µs/request",
+        ["workers", "worker CPU µs/request", "net of idle µs/request", "idle ms/s per worker",
+         "supervisor (poller) µs/request",
          "host CPU µs/request", "requests/s", "busiest worker's share", "ledger max in flight",
          "errors"], rows, notes)]
 
@@ -245,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--time-scale", type=float, default=1000.0)
+    parser.add_argument("--idle-s", type=float, default=5.0,
+                        help="how long the idle CPU of each gateway is measured")
     add_arguments(parser)
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(args_list)

@@ -19,12 +19,13 @@ from routing.shared_snapshots import ScrapeBoard
 class BoardFeed:
     def __init__(self, fleet: Fleet, board: ScrapeBoard, interval: float,
                  holds: HoldTable | None = None, worker: int = 0,
-                 on_error: Callable[[str, str], None] | None = None) -> None:
+                 on_error: Callable[[str, str], None] | None = None,
+                 on_tick: Callable[[], None] | None = None) -> None:
         """`holds`, `worker`: the host's ejections and holds, and this worker's row there: at
         every read this worker's are published and the other workers' later ones adopted.
         `on_error(backend_id, error_class)`: told of every failed scrape read, as the poller's
         (one worker of the host counts them, or the host's `/metrics` would count each N
-        times)."""
+        times). `on_tick()`: called at every timed read (the worker's metrics check)."""
         if interval <= 0:
             raise ValueError("need a positive interval")
         self._fleet = fleet
@@ -33,6 +34,7 @@ class BoardFeed:
         self._holds = holds
         self._worker = worker
         self._on_error = on_error
+        self._on_tick = on_tick
         self._timer: asyncio.TimerHandle | None = None
         self.applied = 0
 
@@ -60,6 +62,8 @@ class BoardFeed:
         loop = asyncio.get_running_loop()
         try:
             self.read()
+            if self._on_tick is not None:
+                self._on_tick()
         finally:
             self._timer = loop.call_later(self._interval, self._tick)
 

@@ -26,7 +26,7 @@ from aiohttp.typedefs import Middleware
 
 log = logging.getLogger("kvgate.workers")
 
-CHECK_S = 0.05
+CHECK_S = 0.01  # how often the answering worker looks whether the others have written
 WAIT_S = 0.5
 SHARED_LABEL = 'kvgate_backend="'
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -139,14 +139,15 @@ class Epochs:
 class HostMetrics:
     """A worker's part: writing its exposition when asked, merging the others' into its
     answers. Nothing is rendered while nobody scrapes: the worker answering `/metrics` asks for
-    a new epoch; every worker checks every `CHECK_S` whether one was asked that it has not
-    written yet, and writes its exposition then; the answering worker waits, at most
-    `WAIT_S` (a worker that died or hangs does not hold the scrape up), for every other
-    worker to have written, and merges what their files hold."""
+    a new epoch; every worker checks at every read of its feed (`check`, every half poll
+    interval) whether one was asked that it has not written yet, and writes its exposition
+    then; the answering worker waits, at most `wait_s` (a worker that died or hangs does not
+    hold the scrape up), for every other worker to have written, and merges their files."""
 
     def __init__(self, directory: Path, worker: int, render: Callable[[], bytes],
-                 epochs: Epochs) -> None:
+                 epochs: Epochs, wait_s: float = WAIT_S) -> None:
         self.directory = directory
+        self._wait_s = wait_s
         self.worker = worker
         self._render = render
         self._epochs = epochs
@@ -184,28 +185,20 @@ class HostMetrics:
         epochs = self._epochs
         epoch = epochs.ask()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + WAIT_S
+        deadline = loop.time() + self._wait_s
         peers = [w for w in range(epochs.workers) if w != self.worker]
         while any(epochs.written(w) < epoch for w in peers) and loop.time() < deadline:
-            await asyncio.sleep(CHECK_S / 2)
+            await asyncio.sleep(CHECK_S)
         return self.others()
 
     async def writing(self, app: web.Application) -> AsyncIterator[None]:
         """A cleanup context: writes once at start (a restarted worker's figures start again
-        from 0), then whenever asked, while the app runs."""
-        async def loop() -> None:
-            while True:
-                self.check()
-                await asyncio.sleep(CHECK_S)
-
-        self.write()
-        task = asyncio.create_task(loop(), name="kvgate-worker-metrics")
+        from 0); then `check` (the worker's feed calls it at every read) writes when asked."""
         try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            self.write()
+        except OSError as exc:
+            log.warning("worker %d: cannot write its metrics: %s", self.worker, exc)
+        yield
 
     def middleware(self) -> Middleware:
         @web.middleware

@@ -42,7 +42,7 @@ log = logging.getLogger("kvgate.workers")
 
 START_TIMEOUT_S = 120.0  # spawning imports the gateway afresh: seconds on a small machine
 RESTART_BACKOFF_S = 1.0
-WATCH_S = 0.05
+WATCH_S = 0.2  # how often it looks for a worker that exited (a signal wakes it at once)
 KILL_AFTER_S = 5.0  # past the drain's own deadlines
 
 

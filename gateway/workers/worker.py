@@ -32,7 +32,7 @@ from gateway.config import Settings
 from gateway.keys import FLEET, SCRAPE_SOURCE, TELEMETRY
 from gateway.lifecycle import configure_logging, run_on_uvloop, serve_until_signalled
 from gateway.workers.feed import BoardFeed
-from gateway.workers.metrics import HostMetrics
+from gateway.workers.metrics import WAIT_S, HostMetrics
 from gateway.workers.segment import Layout, Segment
 from routing.fleet import Fleet
 from routing.shared_ledger import HostLedger
@@ -91,14 +91,15 @@ def main(args: WorkerArgs, ready: Event) -> None:
 
         # Worker 0 counts the host's failed scrapes: the host's /metrics sums the workers'.
         on_error = app[TELEMETRY].poll_error if index == 0 else None
+        metrics = HostMetrics(Path(args.metrics_dir), index, app[TELEMETRY].render_prometheus,
+                              segment.epochs, wait_s=max(WAIT_S, 2 * interval))
 
         def feed(fleet: Fleet) -> BoardFeed:
-            return BoardFeed(fleet, segment.board, interval, segment.holds, index, on_error)
+            return BoardFeed(fleet, segment.board, interval, segment.holds, index, on_error,
+                             on_tick=metrics.check)
 
         app[SCRAPE_SOURCE] = feed
         app.on_response_prepare.append(_stamp(str(index)))
-        metrics = HostMetrics(Path(args.metrics_dir), index, app[TELEMETRY].render_prometheus,
-                              segment.epochs)
         app.middlewares.append(metrics.middleware())
         app.cleanup_ctx.append(metrics.writing)
 
