@@ -70,9 +70,13 @@ async def workers_over(upstream: FaultyUpstream, tmp: Path) -> AsyncIterator[Gat
         await until(ready, "the supervisor says the workers serve", START_S)
         yield Gateway(process, url, err)
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        if process.returncode is None:  # SIGTERM: the supervisor removes its shared segment
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 60.0)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
 
 
 async def get(url: str, path: str) -> tuple[str, aiohttp.ClientResponse, bytes]:
