@@ -17,9 +17,13 @@ Started by the supervisor with the 'spawn' method: `main` is the process's targe
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import math
+import os
 import random
+import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
@@ -79,7 +83,20 @@ def _stamp(index: str) -> Callable[[web.Request, web.StreamResponse], Awaitable[
     return stamp
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_supervisor() -> None:
+    """A supervisor killed outright (SIGKILL) cannot stop its workers: the kernel sends each
+    SIGTERM then (Linux), and it drains and exits instead of serving on alone."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def main(args: WorkerArgs, ready: Event) -> None:
+    _die_with_supervisor()
+    if os.getppid() == 1:  # the supervisor died before the line above
+        return
     settings = worker_settings(args.settings, args.layout.workers)
     configure_logging(args.log_level, redact.secrets_of(settings))
     segment = Segment.attach(args.segment, args.layout)
