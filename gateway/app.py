@@ -47,9 +47,11 @@ from gateway.keys import (
     MODEL_ROUTES,
     PROXY,
     ROUTER,
+    SCRAPE_SOURCE,
     SETTINGS,
     STARTED_AT,
     TELEMETRY,
+    ScrapeSource,
 )
 from gateway.observe import Recorder, install_telemetry
 from gateway.proxy import Proxy
@@ -228,7 +230,8 @@ async def _backend_health(app: web.Application) -> AsyncIterator[None]:
         await asyncio.gather(
             *(_discover(session, fleet, spec, app[CLOCK]) for spec in fleet.specs)
         )
-    poller = Poller(
+    source = app.get(SCRAPE_SOURCE)
+    poller: ScrapeSource = source(fleet) if source is not None else Poller(
         fleet,
         interval=settings.routing.poll_interval_s,
         timeout=settings.routing.scrape_timeout_s,

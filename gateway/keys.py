@@ -8,6 +8,8 @@ completion path passes its `Exchange` (gateway/exchange.py) down explicitly.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
 
 from aiohttp import web
 
@@ -33,3 +35,16 @@ KEYRING = web.AppKey("keyring", KeyRing)
 MODEL_ROUTES: web.AppKey[Mapping[str, SmallModelRoute]] = web.AppKey("model_routes")
 # The response cache (gateway/cache); absent when `cache.enabled` is false.
 CACHE = web.AppKey("cache", ResponseCache)
+
+
+class ScrapeSource(Protocol):
+    """What keeps the Fleet's snapshots current: the Poller, or a worker's reader of the host's
+    scrapes (gateway/workers/feed.py)."""
+
+    def running(self) -> AbstractAsyncContextManager[object]: ...
+
+    async def first_round(self, timeout_s: float) -> bool: ...
+
+
+# Set before start-up to replace the app's own poller (gateway/workers/worker.py).
+SCRAPE_SOURCE: web.AppKey[Callable[[Fleet], ScrapeSource]] = web.AppKey("scrape_source")

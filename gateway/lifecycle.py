@@ -21,19 +21,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import uvloop
 from aiohttp import web
 
+from gateway import redact
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.connections import ClientLimits, ConnectionBook, GuardedFactory
 from gateway.drain import DRAIN, RELAY
+from gateway.gc_policy import serving_gc
 from gateway.keys import TELEMETRY
+from gateway.logsink import configure_access_log
+from gateway.telemetry.accesslog import LOGGER_NAME as ACCESS_LOGGER
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -79,11 +85,21 @@ class Serving:
 
 
 @asynccontextmanager
-async def serving(settings: Settings, **app_options: Any) -> AsyncIterator[Serving]:
-    """The gateway serving on `settings.server` (port 0: a free port). `app_options` go to
+async def serving(
+    settings: Settings,
+    *,
+    reuse_port: bool = False,
+    prepare: Callable[[web.Application], None] | None = None,
+    **app_options: Any,
+) -> AsyncIterator[Serving]:
+    """The gateway serving on `settings.server` (port 0: a free port). `reuse_port`: listen with
+    SO_REUSEPORT, beside the host's other workers on the same port (gateway/workers).
+    `prepare(app)` runs before the app starts (a worker's shared state). `app_options` go to
     `create_app` (clock, rng, on_done)."""
     server = settings.server
     app = create_app(settings, **app_options)
+    if prepare is not None:
+        prepare(app)
     handler_options: dict[str, Any] = {
         "access_log": None,  # the proxy logs one line per request itself
         "keepalive_timeout": server.keepalive_timeout_s,
@@ -104,7 +120,8 @@ async def serving(settings: Settings, **app_options: Any) -> AsyncIterator[Servi
                               max_connections=server.max_connections)
         factory = GuardedFactory(runner.server, limits, book, **handler_options)
         listener = await asyncio.get_running_loop().create_server(
-            factory, server.host, server.port, backlog=BACKLOG, reuse_address=True)
+            factory, server.host, server.port, backlog=BACKLOG, reuse_address=True,
+            reuse_port=reuse_port or None)
         gateway = Serving(_url_of(listener), app, runner, listener, factory)
         try:
             yield gateway
@@ -122,3 +139,46 @@ def _url_of(listener: asyncio.AbstractServer) -> str:
     if sock.family == socket.AF_INET6:
         return f"http://[{host}]:{port}"
     return f"http://{host}:{port}"
+
+
+async def serve_until_signalled(
+    settings: Settings, on_ready: Callable[[str], None], **serving_options: Any
+) -> None:
+    """Serve until SIGTERM or SIGINT, then drain (gateway/lifecycle.py) and shut down: SIGTERM
+    with the drain grace first, SIGINT (an operator's Ctrl-C) without it. `serving_options` go
+    to `serving` (a worker's reuse_port and prepare)."""
+    stopped: asyncio.Future[signal.Signals] = asyncio.get_running_loop().create_future()
+    loop = asyncio.get_running_loop()
+
+    def stop(sig: signal.Signals) -> None:
+        if not stopped.done():
+            stopped.set_result(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop, sig)
+    server = settings.server
+    try:
+        async with serving(settings, **serving_options) as gateway:
+            on_ready(gateway.url)
+            with serving_gc():  # gateway/gc_policy.py: start-up's objects frozen
+                sig = await stopped
+                grace = server.drain_grace_s if sig == signal.SIGTERM else 0.0
+                await gateway.drain(grace, server.shutdown_timeout_s)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def run_on_uvloop(main: Callable[[], Any]) -> None:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+
+
+def configure_logging(level: str, secrets: Iterable[str] = ()) -> None:
+    """Diagnostics to stderr; the JSON access log (one line per request) to stdout. Neither ever
+    shows a secret (gateway/redact.py)."""
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    configure_access_log(level)
+    redact.install(secrets, (logging.getLogger(), logging.getLogger(ACCESS_LOGGER)))

@@ -13,24 +13,20 @@ entries in that Redis (shared by every gateway replica pointed at it). Runs on u
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-
-import uvloop
 
 from gateway import redact
 from gateway.cli import UsageError
 from gateway.config import Settings, load_settings
 from gateway.connections import FD_HEADROOM, raise_fd_limit
-from gateway.gc_policy import serving_gc
-from gateway.lifecycle import serving
-from gateway.logsink import configure_access_log
-from gateway.telemetry.accesslog import LOGGER_NAME as ACCESS_LOGGER
+from gateway.lifecycle import configure_logging, run_on_uvloop, serve_until_signalled, serving
+
+__all__ = ["LOG_LEVELS", "configure_logging", "run_on_uvloop", "running_gateway",
+           "serve_until_signalled"]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -41,46 +37,6 @@ async def running_gateway(settings: Settings, **app_options: Any) -> AsyncIterat
     (`http://host:port`, no /v1). `app_options` go to `create_app` (clock, rng, on_done)."""
     async with serving(settings, **app_options) as gateway:
         yield gateway.url
-
-
-async def serve_until_signalled(settings: Settings, on_ready: Callable[[str], None]) -> None:
-    """Serve until SIGTERM or SIGINT, then drain (gateway/lifecycle.py) and shut down: SIGTERM
-    with the drain grace first, SIGINT (an operator's Ctrl-C) without it."""
-    stopped: asyncio.Future[signal.Signals] = asyncio.get_running_loop().create_future()
-    loop = asyncio.get_running_loop()
-
-    def stop(sig: signal.Signals) -> None:
-        if not stopped.done():
-            stopped.set_result(sig)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop, sig)
-    server = settings.server
-    try:
-        async with serving(settings) as gateway:
-            on_ready(gateway.url)
-            with serving_gc():  # gateway/gc_policy.py: start-up's objects frozen
-                sig = await stopped
-                grace = server.drain_grace_s if sig == signal.SIGTERM else 0.0
-                await gateway.drain(grace, server.shutdown_timeout_s)
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-
-
-def run_on_uvloop(main: Callable[[], Any]) -> None:
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main())
-
-
-def configure_logging(level: str, secrets: Iterable[str] = ()) -> None:
-    """Diagnostics to stderr; the JSON access log (one line per request) to stdout. Neither ever
-    shows a secret (gateway/redact.py)."""
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    configure_access_log(level)
-    redact.install(secrets, (logging.getLogger(), logging.getLogger(ACCESS_LOGGER)))
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -103,6 +59,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="TCP port (default 8000; 0: any free port)")
     parser.add_argument(
+        "--workers", type=_workers, metavar="N",
+        help="worker processes on the one port (default 1; auto: one per core available)",
+    )
+    parser.add_argument(
         "--redis", metavar="URL",
         help="turn the response cache on, stored in this Redis (redis://host:port/db)",
     )
@@ -119,12 +79,26 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
         server["host"] = args.host
     if args.port is not None:
         server["port"] = args.port
+    if getattr(args, "workers", None) is not None:
+        server["workers"] = args.workers
     overrides: dict[str, Any] = {"server": server} if server else {}
     if args.backend:
         overrides["backends"] = [{"url": url} for url in args.backend]
     if args.redis is not None:
         overrides["cache"] = {"enabled": True, "store": "redis", "redis_url": args.redis}
     return overrides
+
+
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of workers: {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError("at least 1 worker")
+    return count
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,7 +115,20 @@ def run(args: argparse.Namespace) -> int:
         ids = ", ".join(spec.id for spec in settings.backend_specs())
         print(f"kvgate serve: {url}/v1 in front of {ids}", flush=True)
 
+    workers = server.worker_count()
     try:
+        if workers > 1:
+            from gateway.workers.supervisor import Supervisor
+
+            supervisor = Supervisor(settings, workers, args.log_level)
+            code = 0
+
+            async def supervise() -> None:
+                nonlocal code
+                code = await supervisor.run(ready)
+
+            run_on_uvloop(supervise)
+            return code
         run_on_uvloop(lambda: serve_until_signalled(settings, ready))
     except OSError as exc:
         where = f"{settings.server.host}:{settings.server.port}"

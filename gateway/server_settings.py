@@ -3,7 +3,9 @@ to the backends) and `telemetry` (metrics, traces, the access log)."""
 
 from __future__ import annotations
 
+import os
 from types import MappingProxyType
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -24,6 +26,25 @@ class ServerSettings(_Section):
     host: str = Field(default="127.0.0.1", description="Address to listen on.")
     port: int = Field(default=8000, ge=0, le=65535,
                       description="Port to listen on; 0 takes any free port.")
+    workers: int | Literal["auto"] = Field(
+        default=1,
+        description="Worker processes accepting on the one port (SO_REUSEPORT), deciding as one "
+        "gateway: one poller per host, the in-flight ledger and the scrapes shared. `auto`: "
+        "one per core available to the process. Each worker has its share of the queue depth "
+        "and of the connection caps.")
+
+    @field_validator("workers")
+    @classmethod
+    def _some_workers(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("workers must be at least 1 (or auto)")
+        return value
+
+    def worker_count(self) -> int:
+        """`workers` as a number: `auto` is the cores this process may run on."""
+        if self.workers == "auto":
+            return max(1, len(os.sched_getaffinity(0)))
+        return self.workers
     max_body_bytes: int = Field(
         default=32 * MIB, ge=1024,
         description="Largest request body accepted (413 above it). aiohttp's own default "

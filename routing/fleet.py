@@ -31,8 +31,8 @@ Rules
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from routing import outlier
 from routing.ledger import Lease, Ledger
@@ -192,6 +192,17 @@ class Fleet:
         backend = self._backends[backend_id]
         backend.health = outlier.on_hold(backend.health, until)
 
+    def adopt_holds(self, backend_id: str, ejected_until: float, held_until: float) -> None:
+        """Another worker of the host ejected the backend, or was told to hold it off, until
+        then (routing/shared_health.py): so does this Fleet, the later of its own and theirs.
+        Its failure count and ejection multiplier stay its own."""
+        backend = self._backends[backend_id]
+        health = backend.health
+        if ejected_until > health.ejected_until or held_until > health.held_until:
+            backend.health = replace(health,
+                                     ejected_until=max(ejected_until, health.ejected_until),
+                                     held_until=max(held_until, health.held_until))
+
     def held_until(self, backend_id: str) -> float:
         return self._backends[backend_id].health.held_until
 
@@ -226,6 +237,15 @@ class Fleet:
         return self._capped
 
     # Routing.
+
+    def share_ledgers(self, make: Callable[[int, str], Ledger]) -> None:
+        """Replaces every backend's ledger by `make(index, backend_id)` (index in configuration
+        order): the ledgers of the host's workers (routing/shared_ledger.py). Only before the
+        first lease."""
+        for i, (backend_id, backend) in enumerate(self._backends.items()):
+            if backend.ledger.version:
+                raise RuntimeError("share_ledgers after a lease was taken")
+            backend.ledger, backend.view, backend.view_version = make(i, backend_id), None, -1
 
     def lease(self, backend_id: str, blocks: int, now: float) -> Lease:
         """The ledger entry of one request to `backend_id`, counted from entering the lease

@@ -95,6 +95,7 @@ TINY_RUNS = {  # bench_fleet's smallest run measures three workloads' capacity: 
     "bench_telemetry": ["--requests", "200", "--repeat", "1"],
     "bench_sim": ["--streams", "8", "--engine-only"],
     "bench_gateway_telemetry": ["--requests", "20", "--rounds", "1"],
+    "bench_workers": ["--requests", "20", "--rounds", "1"],
 }
 
 

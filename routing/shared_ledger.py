@@ -1,0 +1,127 @@
+"""The in-flight ledger shared by the gateway's worker processes on one host.
+
+`LedgerTable` is a table of 64-bit integers in a shared buffer: one row per worker, in it one
+cell group per backend (changes so far, requests in flight, KV blocks reserved). Each worker
+writes only its own row; a reader sums the column over every row. An aligned 8-byte store is
+never seen half-done, so each cell is always a value some write left, and the sums are the host's
+in-flight requests and reservations within the instant it takes to read them.
+
+`HostLedger` is one backend's `Ledger` in one worker: its entries stay local (what a worker
+dispatched since a scrape is its own), every change is published to the worker's row, and its
+`inflight`, `reserved_blocks` and `version` read the host's totals, so the Fleet and every policy
+see the requests of all workers at once (`Fleet.share_ledgers`).
+
+A worker that died leaves its row as it was; the supervisor clears it (`clear_row`) before the
+worker's successor starts, keeping the change count going up.
+"""
+
+from __future__ import annotations
+
+from routing.ledger import Ledger
+
+FIELDS = 3
+VERSION, INFLIGHT, RESERVED = range(FIELDS)
+
+
+class LedgerTable:
+    """`workers` rows of `backends` cell groups in `buf` from `offset` (8-byte aligned)."""
+
+    __slots__ = ("_cells", "workers", "backends")
+
+    def __init__(self, buf: memoryview, workers: int, backends: int, offset: int = 0) -> None:
+        if workers < 1 or backends < 0:
+            raise ValueError("need workers >= 1 and backends >= 0")
+        size = self.nbytes(workers, backends)
+        if offset % 8 or offset + size > len(buf):
+            raise ValueError("the table does not fit the buffer (or is not 8-byte aligned)")
+        self._cells = buf[offset : offset + size].cast("q")
+        self.workers = workers
+        self.backends = backends
+
+    @staticmethod
+    def nbytes(workers: int, backends: int) -> int:
+        return workers * backends * FIELDS * 8
+
+    def _at(self, worker: int, backend: int) -> int:
+        if not (0 <= worker < self.workers and 0 <= backend < self.backends):
+            raise IndexError(f"worker {worker}, backend {backend}")
+        return (worker * self.backends + backend) * FIELDS
+
+    def write(self, worker: int, backend: int, version: int, inflight: int,
+              reserved: int) -> None:
+        """The worker's figures for the backend; the version last, so a reader that sees it
+        moved sees the figures that moved it."""
+        at, cells = self._at(worker, backend), self._cells
+        cells[at + INFLIGHT] = inflight
+        cells[at + RESERVED] = reserved
+        cells[at + VERSION] = version
+
+    def row(self, worker: int, backend: int) -> tuple[int, int, int]:
+        """(version, inflight, reserved) as the worker last wrote them."""
+        at, cells = self._at(worker, backend), self._cells
+        return cells[at + VERSION], cells[at + INFLIGHT], cells[at + RESERVED]
+
+    def total(self, backend: int, field: int) -> int:
+        """The column `field` summed over every worker."""
+        cells, stride = self._cells, self.backends * FIELDS
+        at = backend * FIELDS + field
+        return sum(cells[at + w * stride] for w in range(self.workers))
+
+    def clear_row(self, worker: int) -> None:
+        """A dead worker's requests are gone: its in-flight figures read 0 from now on, its
+        versions moved on (so readers notice)."""
+        for backend in range(self.backends):
+            version = self.row(worker, backend)[0]
+            self.write(worker, backend, version + 1, 0, 0)
+
+    def release(self) -> None:
+        """Drops the view of the buffer (a shared segment cannot close while one is held)."""
+        self._cells.release()
+
+
+class HostLedger(Ledger):
+    """One backend's ledger in one worker, its totals the host's (module docstring)."""
+
+    __slots__ = ("_table", "_worker", "_backend", "_base")
+
+    def __init__(self, table: LedgerTable, worker: int, backend: int) -> None:
+        super().__init__()
+        self._table = table
+        self._worker = worker
+        self._backend = backend
+        self._base = table.row(worker, backend)[0] + 1  # a successor's versions go on rising
+        self._publish()
+
+    def _publish(self) -> None:
+        self._table.write(self._worker, self._backend, self._base + self._version,
+                          len(self._entries), self._reserved)
+
+    @property
+    def inflight(self) -> int:
+        return self._table.total(self._backend, INFLIGHT)
+
+    @property
+    def reserved_blocks(self) -> int:
+        return self._table.total(self._backend, RESERVED)
+
+    @property
+    def version(self) -> int:
+        return self._table.total(self._backend, VERSION)
+
+    @property
+    def local_inflight(self) -> int:
+        """This worker's own requests in flight there."""
+        return len(self._entries)
+
+    def open(self, now: float, blocks: int) -> int:
+        ticket = super().open(now, blocks)
+        self._publish()
+        return ticket
+
+    def resize(self, ticket: int, blocks: int) -> None:
+        super().resize(ticket, blocks)
+        self._publish()
+
+    def close(self, ticket: int) -> None:
+        super().close(ticket)
+        self._publish()
