@@ -87,7 +87,6 @@ from routing.scheduling.cycle import CycleState
 from routing.scheduling.facts import Facts, FactsProducer, cached_tokens
 from routing.scheduling.learning import (
     CostLearner,
-    Learner,
     PrefixLearner,
     SessionTable,
     SpeedLearner,
@@ -129,13 +128,9 @@ class Dispatcher:
         self._facts = FactsProducer(self._models, prefix, high_water=self.config.high_water)
         self._admission = Admission(self.config.admission_params())
         self._sessions = SessionTable(self.config.sessions)
-        self._learners: tuple[Learner, ...] = (
+        self._on_dispatch, self._on_first_token, self._on_finish = moment_hooks((
             WorkLearner(self._models), PrefixLearner(prefix), self._sessions,
-            CostLearner(self.cost_model), SpeedLearner(self._models))
-        # Each moment's hooks, in learner order, without the moments a learner leaves empty.
-        self._on_dispatch = moment_hooks(self._learners, "dispatched")
-        self._on_first_token = moment_hooks(self._learners, "first_token")
-        self._on_finish = moment_hooks(self._learners, "finished")
+            CostLearner(self.cost_model), SpeedLearner(self._models)))
         self._queues: dict[str, AdmissionQueue[Waiting]] = {}
         self._drain = DrainRate(self.config.drain_tau_s)
         self._counts: Counter[tuple[str, str, str]] = Counter()

@@ -48,12 +48,18 @@ class Moments:
         """The attempt ended; `completion` is what the backend reported, if it ended whole."""
 
 
-def moment_hooks(learners: tuple[Learner, ...], moment: str) -> tuple[Callable[..., None], ...]:
-    """The learners' bound methods for `moment`, in order, leaving out the moments a learner
-    inherits empty from `Moments` (calling one costs a call and learns nothing)."""
-    empty: Any = getattr(Moments, moment)
-    return tuple(getattr(learner, moment) for learner in learners
-                 if getattr(type(learner), moment, None) is not empty)
+Hooks = tuple[Callable[..., None], ...]
+
+
+def moment_hooks(learners: tuple[Learner, ...]) -> tuple[Hooks, Hooks, Hooks]:
+    """The learners' bound methods for each moment (dispatched, first_token, finished), in
+    learner order, leaving out the moments a learner inherits empty from `Moments` (calling one
+    costs a call and learns nothing)."""
+    def hooks(moment: str) -> Hooks:
+        empty: Any = getattr(Moments, moment)
+        return tuple(getattr(learner, moment) for learner in learners
+                     if getattr(type(learner), moment, None) is not empty)
+    return hooks("dispatched"), hooks("first_token"), hooks("finished")
 
 
 class PrefixLearner(Moments):
