@@ -12,7 +12,9 @@ per backend state are reused between decisions as far as the dispatches let them
 With `--baseline REF`, the code at git ref REF is checked out in a temporary worktree and both
 codes run the same decisions side by side: each measurement is a fresh subprocess (this file's
 worker, importing either tree's `routing`), the two codes alternate round by round, and the best
-round of each counts. The backends each picked must be identical, decision by decision; the
+round of each counts, timed by the worker process's CPU time (the wall clock of a shared machine
+also counts the other processes' turns on the core). The backends each picked must be identical,
+decision by decision (unless the TTFT model itself changed between the two codes); the
 table of microseconds per decision and their ratio is recorded as `results/bench_routing.json`,
 and the worktree is removed.
 """
@@ -28,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import timeit
 from pathlib import Path
 from typing import Any
@@ -72,7 +75,9 @@ def _worker(policy: str, candidates: int, n: int) -> dict[str, Any]:
         picks.append(out.decision.backend_id)
         dispatcher.finish(out, 1.0)
 
-    seconds = timeit.timeit(one, number=n)
+    # The process's CPU time, not the wall clock: on a shared machine the wall clock also counts
+    # the time other processes held the core.
+    seconds = timeit.Timer(one, timer=time.process_time).timeit(number=n)
     digest = hashlib.sha256("\n".join(picks).encode()).hexdigest()
     return {"us": seconds / n * 1e6, "picks": digest, "first": picks[:8],
             "tree": str(Path(routing.__file__).resolve().parent.parent)}
@@ -140,7 +145,9 @@ def compare(ref: str, policy: str, sizes: tuple[int, ...], rounds: int, record: 
                     f"{policy}: microseconds per decision (submit + finish), best of {rounds}",
                     columns, rows,
                     notes="Both codes in fresh subprocesses, alternating round by round on one "
-                          "machine; 'picks' compares the backends chosen, decision by decision. "
+                          "machine, each timed by its process's CPU time (on a shared machine "
+                          "the wall clock counts other processes' turns on the core too); "
+                          "'picks' compares the backends chosen, decision by decision. "
                           "The clock stands still and no usage is reported, so per-state caches "
                           "are reused between decisions wherever the dispatches leave a "
                           "backend's state unchanged."

@@ -87,11 +87,11 @@ from routing.scheduling.cycle import CycleState
 from routing.scheduling.facts import Facts, FactsProducer, cached_tokens
 from routing.scheduling.learning import (
     CostLearner,
-    Learner,
     PrefixLearner,
     SessionTable,
     SpeedLearner,
     WorkLearner,
+    moment_hooks,
 )
 from routing.state import Candidate
 from routing.ttft import BackendProfile
@@ -128,9 +128,9 @@ class Dispatcher:
         self._facts = FactsProducer(self._models, prefix, high_water=self.config.high_water)
         self._admission = Admission(self.config.admission_params())
         self._sessions = SessionTable(self.config.sessions)
-        self._learners: tuple[Learner, ...] = (
+        self._on_dispatch, self._on_first_token, self._on_finish = moment_hooks((
             WorkLearner(self._models), PrefixLearner(prefix), self._sessions,
-            CostLearner(self.cost_model), SpeedLearner(self._models))
+            CostLearner(self.cost_model), SpeedLearner(self._models)))
         self._queues: dict[str, AdmissionQueue[Waiting]] = {}
         self._drain = DrainRate(self.config.drain_tau_s)
         self._counts: Counter[tuple[str, str, str]] = Counter()
@@ -231,8 +231,8 @@ class Dispatcher:
         """The attempt's first token arrived at `now`: the earliest reading of the backend's
         speed. Optional; call at most once per attempt."""
         if not dispatch.finished:
-            for learner in self._learners:
-                learner.first_token(dispatch, now)
+            for hook in self._on_first_token:
+                hook(dispatch, now)
 
     def finish(self, dispatch: Dispatch, now: float, completion: Completion | None = None) -> None:
         """The attempt is over: release its lease (once; later calls do nothing) and learn from
@@ -242,8 +242,8 @@ class Dispatcher:
         dispatch.finished = True
         dispatch.lease.release()
         self._committed[dispatch.backend_id] -= dispatch.committed_blocks
-        for learner in self._learners:
-            learner.finished(dispatch, completion)
+        for hook in self._on_finish:
+            hook(dispatch, completion)
 
     def grow(self, dispatch: Dispatch, emitted: int, now: float) -> int | None:
         """The reply has emitted `emitted` tokens: past its lease's reservation, re-estimate the
@@ -360,8 +360,8 @@ class Dispatcher:
                             context_tokens=cost.prompt_tokens + 0.5 * cost.output_mean)
         uncached = max(0, cost.prompt_tokens - cached_tokens(cost, chain,
                                                               facts.matched.get(backend, 0)))
-        for learner in self._learners:
-            learner.dispatched(dispatch, uncached, now)
+        for hook in self._on_dispatch:
+            hook(dispatch, uncached, now)
         self.router.dispatched(cycle, decision)
         return dispatch
 

@@ -105,7 +105,8 @@ class Router:
 
     def route(self, cycle: CycleState, candidates: Sequence[Candidate]) -> Decision:
         """The chosen backend; raises NoCandidate when no candidate survives the filters."""
-        survivors = list(candidates)
+        # Filters are pure (a new list, or the one given when they keep all): no copy needed.
+        survivors = candidates if isinstance(candidates, list) else list(candidates)
         if not survivors:
             raise NoCandidate(f"no healthy backend serves {cycle.model!r}")
         narrowed_by: object = None
@@ -116,14 +117,25 @@ class Router:
                 raise NoCandidate(f"{type(step).__name__} left no backend for {cycle.model!r}")
             if len(survivors) != before:
                 narrowed_by = step
-        totals = [0.0] * len(survivors)
+        totals: list[float] | None = None
         for score_fn, weight in self._score_fns:
-            # Each score clamped to [0, 1] (NaN counts as 0), then weighted.
-            totals = [t + weight * (1.0 if v > 1.0 else v if v >= 0.0 else 0.0)
-                      for t, v in zip(totals, score_fn(cycle, survivors), strict=True)]
-        scored = [_new(Scored, pair) for pair in zip(survivors, totals, strict=True)]
+            # Each score clamped to [0, 1] (NaN counts as 0), then weighted and summed in scorer
+            # order (the first scorer's weighted scores start the sums: 0.0 + x is x); the lengths
+            # are checked once per scorer, so the zips need not check them again.
+            scores = score_fn(cycle, survivors)
+            if len(scores) != len(survivors):
+                raise ValueError(f"{score_fn!r} gave {len(scores)} scores for "
+                                 f"{len(survivors)} candidates")
+            if totals is None:
+                totals = [weight * (1.0 if v > 1.0 else v if v >= 0.0 else 0.0) for v in scores]
+            else:
+                totals = [t + weight * (1.0 if v > 1.0 else v if v >= 0.0 else 0.0)
+                          for t, v in zip(totals, scores, strict=False)]
+        if totals is None:
+            totals = [0.0] * len(survivors)
+        scored = [_new(Scored, pair) for pair in zip(survivors, totals, strict=False)]
         chosen = self.picker.pick(scored)
-        score = next(s.score for s in scored if s.candidate is chosen)
+        score = next(t for c, t in zip(survivors, totals, strict=False) if c is chosen)
         reason = f"{chosen.id} scored {score:.3f}, best of {len(scored)} of {len(candidates)}"
         return Decision(backend=chosen, policy=self.name, reason=reason, narrowed_by=narrowed_by)
 

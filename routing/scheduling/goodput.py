@@ -22,6 +22,8 @@ from routing.scheduling.cycle import CycleState
 from routing.slo import SloTargets
 from routing.state import Candidate
 
+_MEMO_SIZE = 4096  # TPOTs-before remembered (a fleet's backends times their recent states)
+
 
 @dataclass(frozen=True, slots=True)
 class GoodputParams:
@@ -40,11 +42,13 @@ class GoodputScorer:
         params = params or GoodputParams()
         self._ttft = (math.log(slo.ttft_s), params.ttft_spread * math.sqrt(2.0))
         self._tpot = (math.log(slo.tpot_s), params.tpot_spread * math.sqrt(2.0))
+        self._before: dict[float, float] = {}  # P(TPOT before <= target), by TPOT before
 
     def score(self, cycle: CycleState, candidates: list[Candidate]) -> list[float]:
         ttft_log, ttft_scale = self._ttft
         tpot_log, tpot_scale = self._tpot
         erfc, log, inf = math.erfc, math.log, math.inf
+        memo = self._before
         out: list[float] = []
         for pred in cycle.predictions_of(candidates):
             if pred is None:
@@ -58,13 +62,23 @@ class GoodputScorer:
             x = pred.predicted_ttft_s
             own = (1.0 if x <= 0.0 else (
                 0.5 * erfc((log(x) - ttft_log) / ttft_scale) if x < inf else 0.0)) * after
+            batch = pred.tpot_batch - 1
+            if batch <= 0:  # nobody else there: nothing to lose
+                out.append(1.0 / (2.0 - own + 0.0))
+                continue
             x = pred.tpot_others_s
             others = 1.0 if x <= 0.0 else (
                 0.5 * erfc((log(x) - tpot_log) / tpot_scale) if x < inf else 0.0)
+            # The TPOT before this request is the backend's alone (its cached load's), so its
+            # probability is kept by value across decisions.
             x = pred.tpot_before_s
-            before = 1.0 if x <= 0.0 else (
-                0.5 * erfc((log(x) - tpot_log) / tpot_scale) if x < inf else 0.0)
-            batch = pred.tpot_batch - 1
-            lost = (before - others if before > others else 0.0) * (batch if batch > 0 else 0)
+            before = memo.get(x)
+            if before is None:
+                before = 1.0 if x <= 0.0 else (
+                    0.5 * erfc((log(x) - tpot_log) / tpot_scale) if x < inf else 0.0)
+                if len(memo) >= _MEMO_SIZE:
+                    memo.clear()
+                memo[x] = before
+            lost = (before - others if before > others else 0.0) * batch
             out.append(1.0 / (2.0 - own + lost))
         return out

@@ -25,13 +25,14 @@ from routing.state import Candidate
 class TtftScorer:
     def score(self, cycle: CycleState, candidates: list[Candidate]) -> list[float]:
         best = cycle.best_ttft_s()
+        inf = math.inf
         out: list[float] = []
         for pred in cycle.predictions_of(candidates):
             if pred is None:
                 out.append(0.0)
                 continue
             ttft = pred.predicted_ttft_s
-            if not math.isfinite(ttft):
+            if not ttft < inf:  # never fits (inf), or no figure (NaN)
                 out.append(0.0)
             elif ttft <= 0.0:
                 out.append(1.0)

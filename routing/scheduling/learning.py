@@ -18,8 +18,8 @@ attempt ends. The policy's own hooks (routing/policy.py `DispatchHook`) run besi
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
-from typing import Protocol
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
 
 from routing.cost import CostModel
 from routing.jobs import Completion, Dispatch
@@ -46,6 +46,20 @@ class Moments:
 
     def finished(self, dispatch: Dispatch, completion: Completion | None) -> None:
         """The attempt ended; `completion` is what the backend reported, if it ended whole."""
+
+
+Hooks = tuple[Callable[..., None], ...]
+
+
+def moment_hooks(learners: tuple[Learner, ...]) -> tuple[Hooks, Hooks, Hooks]:
+    """The learners' bound methods for each moment (dispatched, first_token, finished), in
+    learner order, leaving out the moments a learner inherits empty from `Moments` (calling one
+    costs a call and learns nothing)."""
+    def hooks(moment: str) -> Hooks:
+        empty: Any = getattr(Moments, moment)
+        return tuple(getattr(learner, moment) for learner in learners
+                     if getattr(type(learner), moment, None) is not empty)
+    return hooks("dispatched"), hooks("first_token"), hooks("finished")
 
 
 class PrefixLearner(Moments):
