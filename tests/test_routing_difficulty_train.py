@@ -1,5 +1,7 @@
 """The shipped classifier weights are what `scripts/train_router.py` makes of the labelled set's
-train split: retrained here from the same data, seed and penalty, they agree to 1e-6. And on the
+train split: retrained here from the same data, seed and penalty, they agree to 1e-6 (the
+minilm ones to 1e-5: onnxruntime's float kernels differ by CPU family, and the embeddings with
+them in their last bits; the same embeddings train the same weights exactly). And on the
 eval split, which training never saw, the default alias (max_hard_share 0.05) sends at most 5%
 of the hard prompts small while sending at least half of the easy ones small, with either
 classifier (minilm, and hashed where the local model is not installed)."""
@@ -35,26 +37,47 @@ def script() -> ModuleType:
     return module
 
 
-def assert_close(retrained: Weights, kept: Weights) -> None:
+def assert_close(retrained: Weights, kept: Weights, tolerance: float = 1e-6) -> None:
     for field in FIELDS:
         mine, theirs = getattr(retrained, field), getattr(kept, field)
         if isinstance(mine, tuple):
             assert len(mine) == len(theirs), field
             worst = max((abs(a - b) for a, b in zip(mine, theirs, strict=True)), default=0.0)
-            assert worst <= 1e-6, f"{field} differs by {worst}"
+            assert worst <= tolerance, f"{field} differs by {worst}"
         elif isinstance(mine, float):
-            assert math.isclose(mine, theirs, abs_tol=1e-6), field
+            assert math.isclose(mine, theirs, abs_tol=tolerance), field
         else:
             assert mine == theirs, field
 
 
+# Measured between an Intel Xeon and an AMD EPYC: minilm weights 1.1e-6 apart at most.
+TOLERANCE = {"hashed": 1e-6, "minilm": 1e-5}
+
+
 @pytest.mark.parametrize("kind", [
     pytest.param("hashed", id="hashed: retrained, the same weights to 1e-6"),
-    pytest.param("minilm", marks=needs_local, id="minilm: retrained, the same weights to 1e-6"),
+    pytest.param("minilm", marks=needs_local, id="minilm: retrained, the same weights to 1e-5"),
 ])
 def test_retraining_reproduces_the_shipped_weights(kind: Kind) -> None:
     train = [prompt for prompt in PROMPTS if prompt.split == "train"]
-    assert_close(script().trained(kind, train), shipped(kind))
+    assert_close(script().trained(kind, train), shipped(kind), TOLERANCE[kind])
+
+
+@needs_local
+def test_the_same_embeddings_train_the_same_weights_exactly() -> None:
+    from gateway.cache.embedders.local import NAME
+    from routing.difficulty.train import train
+
+    prompts = [prompt for prompt in PROMPTS if prompt.split == "train"]
+    texts, hard = [p.text for p in prompts], [p.hard for p in prompts]
+    embeddings = embed_all(texts)
+    module = script()
+
+    def once() -> Weights:
+        return train("minilm", texts, hard, seed=module.SEED, l2=module.L2,
+                     embeddings=embeddings, space=NAME)
+
+    assert_close(once(), once(), 0.0)
 
 
 EVAL = [prompt for prompt in PROMPTS if prompt.split == "eval"]
