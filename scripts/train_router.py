@@ -4,10 +4,11 @@
                                              [--out routing/difficulty/data] [--kind minilm|hashed]
 
 From the labelled file's train split only (the eval split and the held-out files are for
-route-eval), with a fixed seed and penalty: the same data gives the same weights to 1e-6
-(to 1e-5 for minilm on another CPU family, whose onnxruntime kernels round the embeddings
-differently; tests/test_routing_difficulty_train.py retrains and compares). Kind `minilm` embeds the prompts
-with the local MiniLM model (the `semantic` extra); kind `hashed` needs nothing beyond numpy.
+route-eval), with a fixed seed and penalty: the same data gives the same weights to 1e-6 (to
+1e-5 for minilm on another CPU family, whose onnxruntime kernels round the embeddings
+differently; tests/test_routing_difficulty_train.py retrains and compares). Kind `minilm` embeds
+the prompts with the local MiniLM model (the `semantic` extra); kind `hashed` needs nothing
+beyond numpy.
 """
 
 from __future__ import annotations
