@@ -11,31 +11,21 @@ A fresh segment's zeros read as times long past, as nothing held.
 
 from __future__ import annotations
 
+from routing.shared_rows import WorkerRows
+
 FIELDS = 2
 EJECTED, HELD = range(FIELDS)
 
 
-class HoldTable:
-    __slots__ = ("_cells", "workers", "backends")
+class HoldTable(WorkerRows):
+    """Per worker and backend: (ejected_until, held_until), 64-bit floats."""
 
-    def __init__(self, buf: memoryview, workers: int, backends: int, offset: int = 0) -> None:
-        if workers < 1 or backends < 0:
-            raise ValueError("need workers >= 1 and backends >= 0")
-        size = self.nbytes(workers, backends)
-        if offset % 8 or offset + size > len(buf):
-            raise ValueError("the table does not fit the buffer (or is not 8-byte aligned)")
-        self._cells = buf[offset : offset + size].cast("d")
-        self.workers = workers
-        self.backends = backends
+    __slots__ = ()
+    FIELDS = FIELDS
 
     @staticmethod
-    def nbytes(workers: int, backends: int) -> int:
-        return workers * backends * FIELDS * 8
-
-    def _at(self, worker: int, backend: int) -> int:
-        if not (0 <= worker < self.workers and 0 <= backend < self.backends):
-            raise IndexError(f"worker {worker}, backend {backend}")
-        return (worker * self.backends + backend) * FIELDS
+    def _typed(raw: memoryview) -> memoryview[float]:
+        return raw.cast("d")
 
     def write(self, worker: int, backend: int, ejected_until: float, held_until: float) -> None:
         at, cells = self._at(worker, backend), self._cells

@@ -18,34 +18,21 @@ worker's successor starts, keeping the change count going up.
 from __future__ import annotations
 
 from routing.ledger import Ledger
+from routing.shared_rows import WorkerRows
 
 FIELDS = 3
 VERSION, INFLIGHT, RESERVED = range(FIELDS)
 
 
-class LedgerTable:
+class LedgerTable(WorkerRows):
     """`workers` rows of `backends` cell groups in `buf` from `offset` (8-byte aligned)."""
 
-    __slots__ = ("_cells", "workers", "backends")
-
-    def __init__(self, buf: memoryview, workers: int, backends: int, offset: int = 0) -> None:
-        if workers < 1 or backends < 0:
-            raise ValueError("need workers >= 1 and backends >= 0")
-        size = self.nbytes(workers, backends)
-        if offset % 8 or offset + size > len(buf):
-            raise ValueError("the table does not fit the buffer (or is not 8-byte aligned)")
-        self._cells = buf[offset : offset + size].cast("q")
-        self.workers = workers
-        self.backends = backends
+    __slots__ = ()
+    FIELDS = FIELDS
 
     @staticmethod
-    def nbytes(workers: int, backends: int) -> int:
-        return workers * backends * FIELDS * 8
-
-    def _at(self, worker: int, backend: int) -> int:
-        if not (0 <= worker < self.workers and 0 <= backend < self.backends):
-            raise IndexError(f"worker {worker}, backend {backend}")
-        return (worker * self.backends + backend) * FIELDS
+    def _typed(raw: memoryview) -> memoryview[int]:
+        return raw.cast("q")
 
     def write(self, worker: int, backend: int, version: int, inflight: int,
               reserved: int) -> None:
