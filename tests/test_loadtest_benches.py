@@ -135,9 +135,12 @@ def test_the_overhead_benchmark_measures_every_path_and_phase(tmp_path: Path) ->
     paths = figures["paths"]
     assert list(paths) == ["direct", "relay", "kvgate", "kvgate+cache"]
     assert all(f["failed"] == 0 for f in paths.values())
-    for name in ("relay", "kvgate", "kvgate+cache"):  # each proxy's own CPU clock moved
-        assert paths[name]["cpu_us_per_request"] > 0 and paths[name]["rss_mb_peak"] > 0
+    cpu = ("cpu_us_per_request", "cpu_us_per_stream", "cpu_us_per_chunk")
+    for name in ("relay", "kvgate", "kvgate+cache"):  # each proxy's own CPU clock read
+        # A tiny run may fit a light proxy's phase in one 10 ms tick of its CPU clock (0 then).
+        assert all(paths[name][field] >= 0 for field in cpu) and paths[name]["rss_mb_peak"] > 0
         assert paths[name]["delivered_64"] == 1.0  # every content event offered arrived
+    assert sum(paths["kvgate"][field] for field in cpu) > 0  # the gateway's own clock moved
     assert paths["direct"]["cpu_us_per_request"] is None  # no proxy, no proxy CPU
     assert set(figures["coalescing"]) == {"0", "20", "50", "100"}
     paths_table, coalescing, targets = _record(tmp_path, "bench_overhead").tables
