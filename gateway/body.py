@@ -7,6 +7,7 @@
   prompt texts in a worker process, so that the event loop keeps relaying every other stream
   meanwhile; a smaller one on the loop, where the hop would cost more than the work. Not a
   thread: orjson holds the GIL while it decodes, and a thread would stall the loop the same.
+  The worker's answer comes back in parts unpickled one at a time, for the same reason.
 - The fields: checked one by one on the decoded dict (gateway/schemas.py), the conversation
   bounded by `server.max_messages`.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import pickle
 import signal
 from collections.abc import AsyncIterator
 from concurrent.futures import ProcessPoolExecutor
@@ -42,26 +44,41 @@ ENCODINGS = frozenset(
 
 async def read_body(request: web.Request, max_body_bytes: int) -> bytes:
     """The request's body, decoded from its Content-Encoding. InvalidRequest for an encoding
-    that is unknown or does not decode, BodyTooLarge past `max_body_bytes`."""
+    that is unknown or does not decode, BodyTooLarge past `max_body_bytes`.
+
+    Read as its chunks come and joined once: each step the event loop takes is one chunk's
+    worth of work, and a big body is copied once (aiohttp's `read` grows one buffer, then
+    copies it whole)."""
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in ENCODINGS:
         raise InvalidRequest(f"unsupported Content-Encoding {encoding[:40]!r}; send identity, "
                              f"{', '.join(sorted(ENCODINGS - {'', 'identity', 'x-gzip'}))}",
                              param="Content-Encoding")
+    refused: GatewayError
+    too_large = (f"the request body is larger than the limit of {max_body_bytes} bytes")
+    length = request.content_length
+    if length is not None and length > max_body_bytes:
+        refused = BodyTooLarge(too_large)
+        refused.closes_connection = True  # the body is not read
+        raise refused
+    chunks: list[bytes] = []
+    size = 0
     try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        refused: GatewayError = BodyTooLarge(
-            f"the request body is larger than the limit of {max_body_bytes} bytes")
-        cause: Exception = exc
+        while chunk := await request.content.readany():
+            size += len(chunk)
+            if size > max_body_bytes:
+                refused = BodyTooLarge(too_large)
+                refused.closes_connection = True
+                raise refused
+            chunks.append(chunk)
     except RequestPayloadError as exc:
         what = "its Content-Encoding" if encoding not in ("", "identity") else "its framing"
         refused = InvalidRequest(f"the request body could not be read: it does not decode as "
                                  f"{what}")
-        cause = exc
-    # The rest of the body is not read, so the connection ends with this answer.
-    refused.closes_connection = True
-    raise refused from cause
+        # The rest of the body is not read, so the connection ends with this answer.
+        refused.closes_connection = True
+        raise refused from exc
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +108,31 @@ def parsed(raw: bytes, validate: Validator) -> Parsed:
     return Parsed(data, fields, conversation, exact, prompt_text(data))
 
 
-def _parsed_in_worker(raw: bytes, validate: Validator) -> Parsed | _Refused:
+@dataclass(frozen=True, slots=True)
+class _Pickled:
+    """A `Parsed` as the worker sends it back: its big parts pickled one by one, so that the
+    gateway unpickles them in separate steps, each holding the GIL (and so stalling the event
+    loop) for one part's time instead of the whole body's."""
+
+    fields: Fields
+    prompt_tokens: int | None
+    parts: tuple[bytes, bytes, bytes]  # data, conversation, prompt_text
+
+    def parsed(self) -> Parsed:
+        data, conversation, text = (pickle.loads(part) for part in self.parts)
+        return Parsed(data, self.fields, conversation, self.prompt_tokens, text)
+
+
+def _parsed_in_worker(raw: bytes, validate: Validator) -> _Pickled | _Refused:
     try:
-        return parsed(raw, validate)
+        body = parsed(raw, validate)
     except InvalidRequest as exc:
         return _Refused(exc.message, exc.param)
+    def pickled(part: object) -> bytes:
+        return pickle.dumps(part, pickle.HIGHEST_PROTOCOL)
+
+    return _Pickled(body.fields, body.prompt_tokens, (
+        pickled(body.data), pickled(body.conversation), pickled(body.prompt_text)))
 
 
 def _worker_started() -> None:
@@ -125,7 +162,7 @@ class BodyParser:
         try:
             # Submitted from a thread: the first submission starts the worker and waits for it.
             answer = await asyncio.to_thread(
-                lambda: pool.submit(_parsed_in_worker, raw, validate).result())
+                lambda: _unpickled(pool.submit(_parsed_in_worker, raw, validate).result()))
         except BrokenProcessPool:
             self._pool = None  # the worker died (killed, out of memory): a new one next time
             raise
@@ -137,6 +174,10 @@ class BodyParser:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def _unpickled(answer: _Pickled | _Refused) -> Parsed | _Refused:
+    return answer.parsed() if isinstance(answer, _Pickled) else answer
 
 
 BODY_PARSER = web.AppKey("body_parser", BodyParser)

@@ -114,6 +114,19 @@ async def test_a_body_that_does_not_decode_ends_its_connection_with_a_close(
                 assert resp.status == 200
 
 
+async def test_a_body_declared_past_the_limit_is_413_before_it_is_sent(gateway: str) -> None:
+    """A Content-Length over `server.max_body_bytes` is refused on its head alone, the
+    connection closed: the client need not send (nor the gateway read) the bytes."""
+    limit = Settings.model_validate({"backends": [{"url": "http://127.0.0.1:1"}]}
+                                    ).server.max_body_bytes
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nContent-Length: %d\r\n\r\n" % (limit + 1))
+    status, headers, body = await _exchange(gateway, head)
+    assert status == 413
+    assert headers.get("Connection", "").lower() == "close"
+    assert orjson.loads(body)["error"]["type"] == "invalid_request_error"
+
+
 async def test_a_deflated_body_still_works(gateway: str) -> None:
     status, _, body = await _exchange(
         gateway, _post(zlib.compress(GOOD), b"Content-Encoding: deflate"))
