@@ -53,6 +53,7 @@ from gateway.keys import (
     TELEMETRY,
     ScrapeSource,
 )
+from gateway.loop_watch import loop_watching
 from gateway.observe import Recorder, install_telemetry
 from gateway.proxy import Proxy
 from gateway.relay import Relay
@@ -125,6 +126,7 @@ def create_app(
     telemetry.register_backend_health(lambda: health_report(fleet, clock()))
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(body_parsing)
+    app.cleanup_ctx.append(loop_watching)
     app.cleanup_ctx.append(_backend_health)
     if settings.small_model:
         app.cleanup_ctx.append(small_model_running)

@@ -80,7 +80,7 @@ class UpstreamCall:
     """One client request, ready to send to any backend that serves `model`."""
 
     path: str  # "/v1/chat/completions" or "/v1/completions"
-    body: bytes  # the client's bytes, or re-encoded (alias resolved, stream usage asked for)
+    body: bytes | bytearray  # the client's bytes, or re-encoded (alias, stream usage asked)
     model: str  # the real model name
     stream: bool
     # The gateway added `stream_options.include_usage` the client did not ask for: the usage-only

@@ -7,7 +7,8 @@
   prompt texts in a worker process, so that the event loop keeps relaying every other stream
   meanwhile; a smaller one on the loop, where the hop would cost more than the work. Not a
   thread: orjson holds the GIL while it decodes, and a thread would stall the loop the same.
-  The worker's answer comes back in parts unpickled one at a time, for the same reason.
+  The body and the answer travel through shared memory in bounded steps
+  (gateway/body_worker.py), for the same reason.
 - The fields: checked one by one on the decoded dict (gateway/schemas.py), the conversation
   bounded by `server.max_messages`.
 """
@@ -16,10 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import pickle
 import signal
 from collections.abc import AsyncIterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +29,15 @@ from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD
 from aiohttp.web_protocol import RequestPayloadError
 
 from gateway.auth import KeyInfo
+from gateway.body_worker import (
+    Answer,
+    answer,
+    body_segment,
+    discard_answer,
+    discard_segment,
+    parts_of,
+    read_segment,
+)
 from gateway.errors import BodyTooLarge, GatewayError, InvalidRequest
 from gateway.exchange import Asked, Exchange, prompt_of, prompt_text, tenant_of, user_turns
 from gateway.keys import SETTINGS
@@ -42,13 +51,13 @@ ENCODINGS = frozenset(
 )
 
 
-async def read_body(request: web.Request, max_body_bytes: int) -> bytes:
+async def read_body(request: web.Request, max_body_bytes: int) -> bytes | bytearray:
     """The request's body, decoded from its Content-Encoding. InvalidRequest for an encoding
     that is unknown or does not decode, BodyTooLarge past `max_body_bytes`.
 
-    Read as its chunks come and joined once: each step the event loop takes is one chunk's
-    worth of work, and a big body is copied once (aiohttp's `read` grows one buffer, then
-    copies it whole)."""
+    Read as its chunks come, each step the event loop takes one chunk's worth of work: a big
+    body of a declared length is copied chunk by chunk into one buffer of that length, others
+    are joined once at the end (aiohttp's `read` grows one buffer, then copies it whole)."""
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in ENCODINGS:
         raise InvalidRequest(f"unsupported Content-Encoding {encoding[:40]!r}; send identity, "
@@ -63,14 +72,20 @@ async def read_body(request: web.Request, max_body_bytes: int) -> bytes:
         raise refused
     chunks: list[bytes] = []
     size = 0
+    whole = (bytearray(length) if length is not None and length > WORKER_BYTES
+             and encoding in ("", "identity") else None)
     try:
         while chunk := await request.content.readany():
-            size += len(chunk)
-            if size > max_body_bytes:
+            end = size + len(chunk)
+            if end > max_body_bytes:
                 refused = BodyTooLarge(too_large)
                 refused.closes_connection = True
                 raise refused
-            chunks.append(chunk)
+            if whole is not None and end <= len(whole):
+                whole[size:end] = chunk
+            else:
+                chunks.append(chunk)
+            size = end
     except RequestPayloadError as exc:
         what = "its Content-Encoding" if encoding not in ("", "identity") else "its framing"
         refused = InvalidRequest(f"the request body could not be read: it does not decode as "
@@ -78,6 +93,8 @@ async def read_body(request: web.Request, max_body_bytes: int) -> bytes:
         # The rest of the body is not read, so the connection ends with this answer.
         refused.closes_connection = True
         raise refused from exc
+    if whole is not None:  # aiohttp ends the body at its Content-Length
+        return whole if not chunks else bytes(whole) + b"".join(chunks)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
@@ -100,7 +117,7 @@ class _Refused:
     param: str | None
 
 
-def parsed(raw: bytes, validate: Validator) -> Parsed:
+def parsed(raw: bytes | bytearray, validate: Validator) -> Parsed:
     """Decodes and checks `raw` (InvalidRequest naming the first wrong field)."""
     data = decode_object(raw)
     fields = validate(data)
@@ -108,31 +125,19 @@ def parsed(raw: bytes, validate: Validator) -> Parsed:
     return Parsed(data, fields, conversation, exact, prompt_text(data))
 
 
-@dataclass(frozen=True, slots=True)
-class _Pickled:
-    """A `Parsed` as the worker sends it back: its big parts pickled one by one, so that the
-    gateway unpickles them in separate steps, each holding the GIL (and so stalling the event
-    loop) for one part's time instead of the whole body's."""
-
-    fields: Fields
-    prompt_tokens: int | None
-    parts: tuple[bytes, bytes, bytes]  # data, conversation, prompt_text
-
-    def parsed(self) -> Parsed:
-        data, conversation, text = (pickle.loads(part) for part in self.parts)
-        return Parsed(data, self.fields, conversation, self.prompt_tokens, text)
-
-
-def _parsed_in_worker(raw: bytes, validate: Validator) -> _Pickled | _Refused:
+def _parsed_in_worker(segment: str, size: int, validate: Validator) -> Answer | _Refused:
     try:
-        body = parsed(raw, validate)
+        body = parsed(read_segment(segment, size), validate)
     except InvalidRequest as exc:
         return _Refused(exc.message, exc.param)
-    def pickled(part: object) -> bytes:
-        return pickle.dumps(part, pickle.HIGHEST_PROTOCOL)
+    return answer(body.fields, body.prompt_tokens,
+                  (body.data, body.conversation, body.prompt_text))
 
-    return _Pickled(body.fields, body.prompt_tokens, (
-        pickled(body.data), pickled(body.conversation), pickled(body.prompt_text)))
+
+def _unread(future: Future[Answer | _Refused]) -> None:
+    """A worker's answer that came after its request went away."""
+    if not future.cancelled() and future.exception() is None:
+        discard_answer(future.result())
 
 
 def _worker_started() -> None:
@@ -151,33 +156,41 @@ class BodyParser:
         self._threshold = threshold
         self._pool: ProcessPoolExecutor | None = None
 
-    async def parse(self, raw: bytes, validate: Validator) -> Parsed:
+    async def parse(self, raw: bytes | bytearray, validate: Validator) -> Parsed:
         if len(raw) <= self._threshold:
             return parsed(raw, validate)
+        starting = self._pool is None
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
                 max_workers=1, mp_context=multiprocessing.get_context("forkserver"),
                 initializer=_worker_started)
         pool = self._pool
+        segment = await body_segment(raw)
         try:
-            # Submitted from a thread: the first submission starts the worker and waits for it.
-            answer = await asyncio.to_thread(
-                lambda: _unpickled(pool.submit(_parsed_in_worker, raw, validate).result()))
+            def submit() -> Future[Answer | _Refused]:
+                return pool.submit(_parsed_in_worker, segment.name, len(raw), validate)
+
+            # The first submission starts the worker and waits for it: from a thread.
+            future = await asyncio.to_thread(submit) if starting else submit()
+            try:
+                reply = await asyncio.wrap_future(future)
+            except asyncio.CancelledError:
+                future.add_done_callback(_unread)
+                raise
         except BrokenProcessPool:
             self._pool = None  # the worker died (killed, out of memory): a new one next time
             raise
-        if isinstance(answer, _Refused):
-            raise InvalidRequest(answer.message, param=answer.param)
-        return answer
+        finally:
+            discard_segment(segment)
+        if isinstance(reply, _Refused):
+            raise InvalidRequest(reply.message, param=reply.param)
+        data, conversation, text = await parts_of(reply)
+        return Parsed(data, reply.fields, conversation, reply.prompt_tokens, text)
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
-
-
-def _unpickled(answer: _Pickled | _Refused) -> Parsed | _Refused:
-    return answer.parsed() if isinstance(answer, _Pickled) else answer
 
 
 BODY_PARSER = web.AppKey("body_parser", BodyParser)

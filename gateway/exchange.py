@@ -48,7 +48,7 @@ TEXT = Endpoint("/v1/completions", "text", "text_completion")
 class Asked:
     """The request body, validated and read once."""
 
-    raw: bytes  # the client's bytes, forwarded unchanged when nothing needs rewriting
+    raw: bytes | bytearray  # the client's bytes, forwarded unchanged when nothing needs rewriting
     data: dict[str, Any]  # the decoded body (the cache key and re-encoding read it)
     model: str  # the model the client named (maybe an alias)
     stream: bool

@@ -58,6 +58,7 @@ from gateway.exchange import Exchange
 from gateway.headers import prepare_stream
 from gateway.sse import DONE_EVENT, StreamObserver, error_event
 from gateway.stream_watch import StreamIdle, StreamStopped, StreamWatch
+from gateway.upstream_body import upstream_body
 from routing.dispatch import Dispatch
 
 __all__ = ["HealthView", "LineTap", "Relay", "Relayed", "Retry", "UpstreamCall",
@@ -130,7 +131,8 @@ class Relay:
         deadline = asyncio.get_running_loop().time() + self._first_byte_timeout
         try:
             async with asyncio.timeout_at(deadline):
-                upstream = await self._session.post(url, data=call.body, headers=headers)
+                upstream = await self._session.post(url, data=upstream_body(call.body),
+                                                     headers=headers)
         except aiohttp.ClientError as exc:
             return self._connection_failed(backend_id, exc)
         except TimeoutError:  # the cancelled request's connection is closed: the backend aborts

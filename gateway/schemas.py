@@ -187,7 +187,7 @@ def _prompt_ok(value: object) -> bool:
     return all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in value)
 
 
-def decode_object(raw: bytes) -> dict[str, Any]:
+def decode_object(raw: bytes | bytearray) -> dict[str, Any]:
     """The JSON object in a request body; InvalidRequest if it is not one."""
     try:
         data = orjson.loads(raw)

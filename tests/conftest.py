@@ -35,6 +35,7 @@ TIERS = ("unit", "loopback", "realtime", "bench", "faults", "engines")  # in pyp
 MODULES = {
     "test_bench_parse": "unit",
     "test_benchmarks_page": "unit",
+    "test_body_worker": "unit",
     "test_cache_admin": "loopback",
     "test_cache_answer": "unit",
     "test_cache_dense_index": "unit",
@@ -68,6 +69,7 @@ MODULES = {
     "test_gateway_backend_state": "realtime",
     "test_gateway_cache": "loopback",
     "test_gateway_client_errors": "loopback",
+    "test_gateway_loop_and_upload": "loopback",
     "test_gateway_client_log_redaction": "unit",
     "test_gateway_client_timeouts": "realtime",
     "test_gateway_config": "unit",

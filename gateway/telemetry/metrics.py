@@ -39,6 +39,11 @@ TOKEN_USAGE_BUCKETS: tuple[float, ...] = (
 QUEUE_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+# How late the event loop ran its watch timer: under a few ms when idle or relaying, tens of ms
+# when one step of work held it (a big body, a long decision), seconds when something blocked.
+LOOP_LAG_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+)  # fmt: skip
 SCORE_BUCKETS: tuple[float, ...] = tuple(i / 20 for i in range(1, 20))  # small-model scores
 
 _HIT = "hit"
@@ -134,9 +139,17 @@ class RequestMetrics:
             description="The small-model classifier's scores (the probability a prompt is hard)"
             " by routing alias and verdict against the threshold in force.",
         )  # fmt: skip
+        self.loop_lag = HistogramFamily(
+            "kvgate.event_loop.lag", (), LOOP_LAG_BUCKETS,
+            unit="s",
+            description="How late the event loop ran a timer due every 25 ms: what every"
+            " stream and scrape waited, on top of its own pace, while one step of work held"
+            " the loop.",
+        )  # fmt: skip
+        self._loop_lag = self.loop_lag.series(())
         self.histograms: tuple[HistogramFamily, ...] = (
             self.ttft, self.tpot, self.duration, self.token_usage, self.queue_time,
-            self.small_model_score,
+            self.small_model_score, self.loop_lag,
         )  # fmt: skip
         self.admissions = CounterSet(
             meter, "kvgate.admission.decisions", (L.ADMISSION_RESULT, L.ADMISSION_REASON),
@@ -182,6 +195,9 @@ class RequestMetrics:
             description="Failures returned as they were because the retry budget (20% of the"
             " requests in flight, at least 3 retries at once) was spent.",
         )  # fmt: skip
+
+    def loop_lagged(self, seconds: float) -> None:
+        self._loop_lag.record(seconds)
 
     def _series_of(self, outcome: RequestOutcome) -> _RequestSeries:
         raw = (

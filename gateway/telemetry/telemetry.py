@@ -112,6 +112,10 @@ class Telemetry:
             self._tracer.finish(trace, timing, outcome)
         self._access_log.log(timing, outcome, trace.trace_id)
 
+    def loop_lagged(self, seconds: float) -> None:
+        """Record how late the event loop ran its watch timer (gateway/loop_watch.py)."""
+        self._metrics.loop_lagged(seconds)
+
     def poll_error(self, backend: str, error: str) -> None:
         """Count one failed scrape of `backend`; `error` is a short class, e.g. "timeout"."""
         self._metrics.poll_error(backend, error)
