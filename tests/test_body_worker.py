@@ -44,7 +44,7 @@ async def test_the_parts_come_back_equal_long_strings_cut_anywhere(small_pieces:
         shared,
     )
     reply = transport.answer(fields=FIELDS, prompt_tokens=None, parts=parts)
-    assert reply.segment is not None and len(reply.pieces) == 3  # content, conversation, shared
+    assert reply.segment is not None and len(reply.strings) == 3  # content, conversation, shared
     back = await transport.parts_of(reply)
     assert back == parts
     assert back[0]["again"] is back[2]  # one string object, as in the worker
@@ -92,3 +92,20 @@ async def test_parsing_through_the_segments_matches_parsing_here() -> None:
 
 async def _until_gone(name: str) -> None:
     await until(lambda: not _segment_exists(name), f"segment {name} unlinked")
+
+
+async def test_long_lists_come_back_batch_by_batch_equal(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    monkeypatch.setattr(transport, "BATCH_ITEMS", 3)
+    monkeypatch.setattr(transport, "LONG_CHARS", 12)
+    inner = [{"type": "text", "text": f"part {i} of a message"} for i in range(7)]
+    messages = [{"role": "user", "content": inner if i % 4 == 0 else f"message {i}"}
+                for i in range(20)]
+    parts = ({"model": "m", "messages": messages, "stop": ["a", "b", "c", "d"]},
+             "user\x1fmessage text\x1e" * 5, None)
+    reply = transport.answer(FIELDS, None, parts)
+    assert len(reply.lists) >= 3  # messages, the shared content list, the stop list
+    back = await transport.parts_of(reply)
+    assert back == parts
+    contents = [m["content"] for m in back[0]["messages"] if isinstance(m["content"], list)]
+    assert all(c is contents[0] for c in contents)  # one list object, as in the worker
