@@ -72,7 +72,9 @@ class RoutingSettings(_Section):
         default=0.9, gt=0, lt=1,
         description="A request's KV reservation holds its reply's length at this quantile of "
         "the model's learned reply lengths (bounded by its max_tokens; exactly max_tokens with "
-        "ignore_eos), re-estimated as a stream outgrows it: higher queues more in the gateway, "
+        "ignore_eos), re-estimated as a stream outgrows it; a backend's requests are held "
+        "together to this quantile of their total (their expected blocks plus z standard "
+        "deviations of it, at most the sum of their own): higher queues more in the gateway, "
         "lower lets more backends preempt.")
     context_tokens: int = Field(
         default=8192, ge=1,

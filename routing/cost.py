@@ -9,8 +9,12 @@
   prompt) and floored by its `min_tokens`. With `ignore_eos`, or `min_tokens == max_tokens`, the
   reply is exactly `max_tokens` long: no distribution.
 - A request's KV footprint at its peak is `ceil((prompt + expected output) / block_size)` blocks;
-  its reservation (what the gateway's ledger holds and admission counts) uses the reply's
-  `reservation_quantile` instead of its mean, and never less than the mean.
+  its own reservation uses the reply's `reservation_quantile` instead of its mean, and never less
+  than the mean. What the gateway's ledger holds and admission counts is its `hold`
+  (routing/kv_hold.py): that reservation, the expected blocks and the reply's margin at the
+  quantile (z standard deviations, z the normal quantile of `reservation_quantile`), which a
+  backend's requests pool: together they hold their expected blocks plus z standard deviations
+  of their total, never more than the sum of their own reservations.
 
 Learning is counted in observations, not in seconds, so nothing here needs a clock.
 """
@@ -20,8 +24,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Protocol
 
+from routing.kv_hold import Hold
 from routing.output_length import DEFAULT_RESERVATION_QUANTILE, LengthHistogram, OutputStats
 
 DEFAULT_CHARS_PER_TOKEN = 4.0  # English text under BPE tokenizers, and the simulator's rule
@@ -59,6 +65,9 @@ class RequestCost:
     # The output's quantile at the reservation quantile (None: output_p90).
     output_reserve: int | None = None
     exact_output: bool = False  # ignore_eos, or min_tokens == max_tokens: exactly max_tokens
+    # The reply's margin over its mean at the reservation quantile, in tokens: z standard
+    # deviations (0 for a quantile at or below the median, or an exact reply).
+    output_margin: float = 0.0
 
     @property
     def peak_tokens(self) -> int:
@@ -81,6 +90,15 @@ class RequestCost:
     def reserve_blocks(self, block_size: int) -> int:
         """KV blocks held if the reply runs to its reservation quantile: what the ledger holds."""
         return -(-self.reserve_tokens // block_size)
+
+    def hold(self, block_size: int, cached_tokens: int = 0) -> Hold:
+        """What the ledger holds for it (routing/kv_hold.py), its first `cached_tokens` prompt
+        tokens left out (a prefix cached there is shared with whoever cached it)."""
+        prompt = self.prompt_tokens - cached_tokens if self.prompt_tokens > cached_tokens else 0
+        own = -(-(prompt + self.reserve_output) // block_size)
+        base = -(-(prompt + math.ceil(self.output_mean)) // block_size)
+        margin = self.output_margin / block_size
+        return Hold(own, base if base < own else own, math.ceil(margin * margin))
 
     def prompt_blocks(self, block_size: int) -> int:
         return -(-self.prompt_tokens // block_size)
@@ -137,6 +155,7 @@ class CostModel:
         self._output_prior_median = output_prior_median
         self._prior_weight = prior_weight
         self._reservation_quantile = reservation_quantile
+        self._z = max(0.0, NormalDist().inv_cdf(reservation_quantile))
         self._context_tokens = context_tokens
         self._ratios: dict[str, _PromptRatio] = {}
         self._lengths: dict[str, LengthHistogram] = {}
@@ -199,6 +218,7 @@ class CostModel:
             typical_prompt_tokens=ratio.tokens / ratio.count, mean_output_all=out.mean_all,
             inflight_growth_mean=out.growth_mean, inflight_growth_var=out.growth_var,
             output_reserve=out.reserve, exact_output=exact_output,
+            output_margin=0.0 if exact_output else self._z * math.sqrt(out.var),
         )
 
     def reserve_from(self, cost: RequestCost, emitted: int) -> int:

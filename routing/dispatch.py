@@ -13,8 +13,8 @@ The cycle for one request (`submit`), each stage its own module:
      routing/admission.py's verdict: admit now | queue | reject 429;
   5. the router (routing/policy.py, composed in routing/policies.py): pure filters, scorers over
      the whole list, one picker, over the cycle state (routing/scheduling/cycle.py);
-  6. a ledger lease of the request's `reserve_blocks` on the chosen backend (grown by `grow`
-     when a streaming reply outgrows it);
+  6. a ledger lease of the request's KV hold (`RequestCost.hold`, pooled with the others there:
+     routing/kv_hold.py) on the chosen backend (grown by `grow` when a reply outgrows it);
   7. learning hooks (routing/scheduling/learning.py, and the policy's own): the prefix index,
      the session table, the backend's work record, the prompt-size window, the probes sent.
 Queued requests (`Waiting`) leave through `pump` (dispatched once the head of their model's
@@ -77,6 +77,7 @@ from routing.jobs import (
     Rejection,
     Waiting,
 )
+from routing.kv_hold import Commitments, Hold, exact
 from routing.ledger import Lease
 from routing.policy import NoCandidate, Router
 from routing.predict import lease_block_size
@@ -101,7 +102,7 @@ class FleetLike(Protocol):
     """What the Dispatcher needs from routing.fleet.Fleet."""
 
     def candidates(self, model: str | None, now: float) -> list[Candidate]: ...
-    def lease(self, backend_id: str, blocks: int, now: float) -> Lease: ...
+    def lease(self, backend_id: str, hold: Hold | int, now: float) -> Lease: ...
     def back_in(self, model: str | None, now: float) -> float | None: ...
 
 
@@ -134,7 +135,7 @@ class Dispatcher:
         self._queues: dict[str, AdmissionQueue[Waiting]] = {}
         self._drain = DrainRate(self.config.drain_tau_s)
         self._counts: Counter[tuple[str, str, str]] = Counter()
-        self._committed: dict[str, int] = {}  # peak blocks of in-flight requests, by backend
+        self._committed = Commitments()  # pooled peak blocks of in-flight requests, by backend
 
     # The request's path.
 
@@ -241,7 +242,7 @@ class Dispatcher:
             return
         dispatch.finished = True
         dispatch.lease.release()
-        self._committed[dispatch.backend_id] -= dispatch.committed_blocks
+        self._committed.remove(dispatch.backend_id, dispatch.commit)
         for hook in self._on_finish:
             hook(dispatch, completion)
 
@@ -259,11 +260,10 @@ class Dispatcher:
             blocks = -(-(cost.prompt_tokens + held) // size)
             if blocks > dispatch.lease.blocks:
                 dispatch.lease.set_blocks(blocks)
-            if blocks > dispatch.committed_blocks:
-                backend = dispatch.backend_id
-                self._committed[backend] = (self._committed.get(backend, 0) + blocks
-                                            - dispatch.committed_blocks)
-                dispatch.committed_blocks = blocks
+            if blocks > dispatch.commit.own:  # from now on held outright
+                self._committed.remove(dispatch.backend_id, dispatch.commit)
+                dispatch.commit = exact(blocks)
+                self._committed.add(dispatch.backend_id, dispatch.commit)
             held = dispatch.lease.blocks * size - cost.prompt_tokens
         cap = cost.max_tokens
         return None if cap is not None and held >= cap else max(emitted + 1, held)
@@ -325,7 +325,7 @@ class Dispatcher:
         if exclude:
             candidates = [c for c in candidates if c.spec.id not in exclude]
         facts = self._facts.produce(candidates, cost, chain, now)
-        return facts, self._admission.admit(facts, self._committed, job.priority)
+        return facts, self._admission.admit(facts, self._committed.held, job.priority)
 
     def _dispatch(self, job: Job, cost: RequestCost, chain: PrefixChain, facts: Facts,
                   admitted: Admitted, now: float, waiting: Waiting | None, attempt: int,
@@ -346,9 +346,10 @@ class Dispatcher:
         chosen = decision.backend
         i = next(i for i, c in enumerate(facts.candidates) if c is chosen)
         block_size = lease_block_size(chosen)
-        lease = self.fleet.lease(backend, cost.reserve_blocks(block_size), now).acquire()
-        commit = facts.commits[i]
-        self._committed[backend] = self._committed.get(backend, 0) + commit
+        lease = self.fleet.lease(backend, cost.hold(block_size), now).acquire()
+        cached = cached_tokens(cost, chain, facts.matched.get(backend, 0))
+        commit = cost.hold(block_size, cached)  # cached prefix blocks: shared with their holder
+        self._committed.add(backend, commit)
         why = reason or (QUEUED if waiting is not None and admitted.reason == ADMITTED
                          else admitted.reason)
         self._counts[(decision.policy, backend, why)] += 1
@@ -356,10 +357,9 @@ class Dispatcher:
                             prediction=facts.preds[i], lease=lease, dispatched_at=now,
                             queue_wait_s=wait, attempt=attempt, tried=(*tried, backend),
                             waiting=waiting, reason=why, block_size=block_size,
-                            committed_blocks=commit,
+                            commit=commit,
                             context_tokens=cost.prompt_tokens + 0.5 * cost.output_mean)
-        uncached = max(0, cost.prompt_tokens - cached_tokens(cost, chain,
-                                                              facts.matched.get(backend, 0)))
+        uncached = max(0, cost.prompt_tokens - cached)
         for hook in self._on_dispatch:
             hook(dispatch, uncached, now)
         self.router.dispatched(cycle, decision)

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from routing import outlier
+from routing.kv_hold import Hold
 from routing.ledger import Lease, Ledger
 from routing.outlier import FAILURE_REASONS, Event, Health, OutlierRules
 from routing.state import BackendSnapshot, BackendSpec, Candidate
@@ -247,10 +248,11 @@ class Fleet:
                 raise RuntimeError("share_ledgers after a lease was taken")
             backend.ledger, backend.view, backend.view_version = make(i, backend_id), None, -1
 
-    def lease(self, backend_id: str, blocks: int, now: float) -> Lease:
+    def lease(self, backend_id: str, hold: Hold | int, now: float) -> Lease:
         """The ledger entry of one request to `backend_id`, counted from entering the lease
-        (the dispatch) to leaving it. `blocks`: KV blocks it is expected to hold."""
-        return Lease(self._backends[backend_id].ledger, blocks, now)
+        (the dispatch) to leaving it. `hold`: the KV blocks it is expected to hold
+        (routing/kv_hold.py; a count: exactly that many)."""
+        return Lease(self._backends[backend_id].ledger, hold, now)
 
     def candidate(self, backend_id: str, now: float) -> Candidate:
         return self._candidate(self._backends[backend_id], now)

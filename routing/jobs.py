@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from routing.cost import RequestCost
+from routing.kv_hold import Hold
 from routing.ledger import Lease
 from routing.policy import Decision
 from routing.prefix import PrefixChain
@@ -101,13 +102,13 @@ class Dispatch:
 
     __slots__ = ("job", "cost", "chain", "decision", "prediction", "lease", "dispatched_at",
                  "queue_wait_s", "attempt", "tried", "waiting", "reason", "block_size",
-                 "committed_blocks", "context_tokens", "finished")
+                 "commit", "context_tokens", "finished")
 
     def __init__(self, *, job: Job, cost: RequestCost, chain: PrefixChain, decision: Decision,
                  prediction: Prediction | None, lease: Lease, dispatched_at: float,
                  queue_wait_s: float, attempt: int, tried: tuple[str, ...],
                  waiting: Waiting | None, reason: str, block_size: int,
-                 committed_blocks: int, context_tokens: float = 0.0) -> None:
+                 commit: Hold, context_tokens: float = 0.0) -> None:
         self.job = job
         self.cost = cost
         self.chain = chain
@@ -121,7 +122,7 @@ class Dispatch:
         self.waiting = waiting  # the queue entry it left, if it waited
         self.reason = reason  # ADMITTED, QUEUED, OVERSIZED, UNCHECKED or RETRY
         self.block_size = block_size  # the backend's KV block, in tokens
-        self.committed_blocks = committed_blocks  # its share of the backend's committed peak
+        self.commit = commit  # its share of the backend's committed peak (routing/kv_hold.py)
         # Its context as the backend's decode steps read it on average (prompt plus half the
         # expected reply): its share of the gateway's record of that backend's work.
         self.context_tokens = context_tokens

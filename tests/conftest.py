@@ -127,6 +127,7 @@ MODULES = {
     "test_routing_cycle": "unit",
     "test_routing_dispatch": "unit",
     "test_routing_fleet": "unit",
+    "test_routing_kv_hold": "unit",
     "test_routing_speed_fleet": "unit",
     "test_routing_speed_pool": "unit",
     "test_routing_metrics_fast": "unit",

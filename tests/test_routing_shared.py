@@ -10,7 +10,9 @@ import threading
 import pytest
 
 from routing.fleet import Fleet
-from routing.shared_ledger import INFLIGHT, RESERVED, HostLedger, LedgerTable
+from routing.kv_hold import Hold
+from routing.ledger import Ledger
+from routing.shared_ledger import BASE, INFLIGHT, OWN, SPREAD2, TOP, HostLedger, LedgerTable
 from routing.shared_slots import Slots, SlotTooSmall
 from routing.shared_snapshots import (
     FAILED,
@@ -105,12 +107,13 @@ def table(workers: int = 2, backends: int = 2) -> LedgerTable:
 
 def test_the_table_sums_every_workers_row() -> None:
     t = table()
-    t.write(0, 1, 5, 2, 30)
-    t.write(1, 1, 7, 3, 10)
-    assert t.total(1, INFLIGHT) == 5 and t.total(1, RESERVED) == 40
+    t.write(0, 1, 5, 2, Hold(30, 20, 9), 6)
+    t.write(1, 1, 7, 3, Hold(10, 8, 16), 2)
+    assert t.total(1, INFLIGHT) == 5 and t.total(1, OWN) == 40
+    assert (t.total(1, BASE), t.total(1, SPREAD2), t.largest(1, TOP)) == (28, 25, 6)
     assert t.total(0, INFLIGHT) == 0
     t.clear_row(0)
-    assert t.row(0, 1) == (6, 0, 0)
+    assert t.row(0, 1) == (6, 0, Hold(0, 0, 0), 0)
     assert t.total(1, INFLIGHT) == 3
 
 
@@ -130,6 +133,26 @@ def test_host_ledgers_count_every_workers_requests_and_keep_their_own_entries() 
     assert theirs.reserved_blocks == 26
     mine.close(a)
     assert theirs.inflight == 2 and theirs.reserved_blocks == 6
+
+
+def test_host_ledgers_pool_the_holds_of_every_worker_as_one_ledger_would() -> None:
+    t = table(backends=1)
+    mine, theirs, alone = HostLedger(t, 0, 0), HostLedger(t, 1, 0), Ledger()
+    holds = [Hold(30, 20, 36), Hold(30, 20, 36), Hold(12, 12, 0), Hold(50, 40, 100)]
+    tickets = [(mine if i % 2 else theirs).open(float(i), hold) for i, hold in enumerate(holds)]
+    for i, hold in enumerate(holds):
+        alone.open(float(i), hold)
+    # 92 expected blocks plus ceil(sqrt(172)) = 14 over the host, not the 122 of their own.
+    assert mine.reserved_blocks == theirs.reserved_blocks == alone.reserved_blocks == 106
+    mine.close(tickets[3])
+    # 52 expected blocks plus the largest own margin, 10 blocks, in the other worker's row
+    # (above ceil(sqrt(72)) = 9).
+    assert theirs.reserved_blocks == 62 and t.largest(0, TOP) == 10
+    mine.close(tickets[1])
+    theirs.close(tickets[0])
+    theirs.close(tickets[2])
+    assert mine.reserved_blocks == 0
+    assert t.total(0, OWN) == t.total(0, BASE) == t.total(0, SPREAD2) == t.largest(0, TOP) == 0
 
 
 def test_a_successor_ledger_reads_as_changed_after_its_row_was_cleared() -> None:

@@ -5,7 +5,8 @@ For every candidate: the prefix blocks it likely holds (routing/prefix.py `Prefi
 prompt tokens it would have to prefill, the TTFT prediction and its parts (routing/predict.py:
 KV fit, preemption risk, TPOT before and after, prefill load), the committed peak blocks the
 request would add there (its uncached prompt plus its reply at the reservation quantile, as its
-lease reserves it; cached prefix blocks are shared with whoever cached them) and whether the
+lease reserves it alone; admission adds it to the backend's pooled commitments, routing/kv_hold.py;
+cached prefix blocks are shared with whoever cached them) and whether the
 backend's speed has been read yet. A backend whose metrics are stale or missing is predicted as
 its ledger reads it (routing/scheduling/ledger_view.py: what the gateway sent there, plus a
 penalty, on its own or its smallest peer's KV capacity). The backend's side of the prediction is
