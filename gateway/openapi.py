@@ -133,7 +133,7 @@ def _schemas(max_messages: int) -> dict[str, Any]:
                 "type": "object", "required": ["message", "type"],
                 "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                                "param": {"type": ["string", "null"]},
-                               "code": {"type": ["string", "integer", "null"]}}}},
+                               "code": {"type": ["string", "null"]}}}},
         },
         "ChatMessage": message,
         "ChatCompletionRequest": {
