@@ -9,7 +9,10 @@ Backends answer errors in several shapes: OpenAI's nested one (vLLM, llama.cpp's
 ..., "type": ..., "param": ..., "code": ...}`, also found nested as `{"error": {"object": "error",
 ...}}` inside streams), TGI's `{"error": "text", "error_type": ...}`, a bare `{"message":
 "text"}`, and plain text (a proxy's HTML page). `normalise_error_body` turns each into OpenAI's
-shape, the backend's message kept, so clients see one format.
+shape, the backend's message and HTTP status kept, so clients see one format: the `type` is one
+of OpenAI's (a backend's own, such as vLLM's `BadRequestError` or TGI's `validation`, becomes the
+type of its status) and the `code` a string or null, as OpenAI's (vLLM repeats the status there
+as a number; the response's status line carries it).
 
 Every 503 carries `Retry-After` (one second unless its maker knows better).
 """
@@ -153,25 +156,44 @@ class InternalError(GatewayError):
 
 
 def error_object(
-    message: str, *, type_: str, param: str | None = None, code: str | int | None = None
+    message: str, *, type_: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def error_body(
-    message: str, *, type_: str, param: str | None = None, code: str | int | None = None
+    message: str, *, type_: str, param: str | None = None, code: str | None = None
 ) -> bytes:
     return orjson.dumps(error_object(message, type_=type_, param=param, code=code))
 
 
 _ERROR_FIELDS = ("message", "type", "param", "code")
+# The error types OpenAI's API answers with, and the gateway's own for a backend failing.
+ERROR_TYPES = frozenset({"invalid_request_error", "authentication_error", "permission_error",
+                         "rate_limit_error", "insufficient_quota", "server_error",
+                         "service_unavailable", "upstream_error"})
+
+
+def error_type_for(status: int) -> str:
+    """The OpenAI error type of an HTTP status."""
+    if status == 403:
+        return "permission_error"
+    if status == 429:
+        return "rate_limit_error"
+    if 400 <= status < 500:
+        return "invalid_request_error"
+    if status == 503:
+        return "service_unavailable"
+    return "server_error"
 
 
 def normalise_error(payload: object, *, status: int) -> dict[str, Any] | None:
     """OpenAI's `{"error": {...}}` for a decoded backend error payload; None if it is none.
 
     Accepts OpenAI's shape (returned with only the four fields), vLLM's legacy flat shape and the
-    legacy nested one with an `object` field. A missing `type` falls back to the HTTP status.
+    legacy nested one with an `object` field. A `type` OpenAI does not use becomes the type of
+    the status (inside a stream, where the status line said 200, the status a numeric `code`
+    names); a `code` or `param` that is not a string becomes null.
     """
     if not isinstance(payload, dict):
         return None
@@ -190,26 +212,32 @@ def normalise_error(payload: object, *, status: int) -> dict[str, Any] | None:
     fields = {name: source.get(name) for name in _ERROR_FIELDS}
     if not isinstance(fields["message"], str):
         fields["message"] = str(fields["message"])
-    if fields["type"] is None:
-        fields["type"] = "invalid_request_error" if 400 <= status < 500 else "server_error"
+    code = fields["code"]
+    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600:
+        status = code
+    if fields["type"] not in ERROR_TYPES:
+        fields["type"] = error_type_for(status)
+    for name in ("param", "code"):
+        if not isinstance(fields[name], str):
+            fields[name] = None
     return {"error": fields}
 
 
 def normalise_error_body(body: bytes, *, status: int) -> bytes:
     """A backend's error body in OpenAI's shape: byte-identical when it already is, converted
-    from vLLM's legacy flat shape, wrapped when it is not JSON at all (e.g. an HTML 502 page)."""
+    from vLLM's shapes, wrapped with the type of its status when it is not JSON at all (e.g. an
+    HTML 502 page)."""
+    kind = error_type_for(status)
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
         text = body.decode("utf-8", "replace").strip()[:500] or f"backend answered HTTP {status}"
-        return error_body(text, type_="upstream_error", code=status)
+        return error_body(text, type_=kind)
     if isinstance(payload, str) and payload.strip():
-        return error_body(payload.strip()[:500], type_="upstream_error", code=status)
+        return error_body(payload.strip()[:500], type_=kind)
     normalised = normalise_error(payload, status=status)
     if normalised is None:
-        return error_body(
-            f"backend answered HTTP {status}", type_="upstream_error", code=status
-        )
+        return error_body(f"backend answered HTTP {status}", type_=kind)
     if normalised == payload:
         return body
     return orjson.dumps(normalised)

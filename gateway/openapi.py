@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 
 from gateway.keys import SETTINGS
-from gateway.schemas import ROLES
+from gateway.schemas import RESPONSE_FORMATS, ROLES
 
 JSON = "application/json"
 OPENAPI_VERSION = "3.1.0"
@@ -59,7 +59,11 @@ _COMPLETION_ERRORS = {
 
 
 def _sampling(high: float) -> dict[str, Any]:
-    return {"type": ["number", "null"], "minimum": 0, "maximum": high}
+    return _number(0, high)
+
+
+def _number(low: float, high: float) -> dict[str, Any]:
+    return {"type": ["number", "null"], "minimum": low, "maximum": high}
 
 
 def _completion_fields() -> dict[str, Any]:
@@ -74,6 +78,35 @@ def _completion_fields() -> dict[str, Any]:
         "temperature": _sampling(2),
         "top_p": _sampling(1),
         "seed": {"type": ["integer", "null"]},
+        "frequency_penalty": _number(-2, 2),
+        "presence_penalty": _number(-2, 2),
+        "logit_bias": {"type": ["object", "null"], "additionalProperties": _number(-100, 100)},
+        "stop": {"oneOf": [{"type": ["string", "null"]},
+                           {"type": "array", "items": {"type": "string"}}]},
+        "user": {"type": ["string", "null"]},
+    }
+
+
+def _chat_fields() -> dict[str, Any]:
+    return {
+        "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "logprobs": {"type": ["boolean", "null"]},
+        "top_logprobs": {"type": ["integer", "null"], "minimum": 0},
+        "parallel_tool_calls": {"type": ["boolean", "null"]},
+        "response_format": {"type": ["object", "null"], "required": ["type"],
+                            "additionalProperties": True,
+                            "properties": {"type": {"enum": list(RESPONSE_FORMATS)}}},
+        "tools": {"type": ["array", "null"], "items": {"type": "object"}},
+        "tool_choice": {"type": ["string", "object", "null"]},
+    }
+
+
+def _text_fields() -> dict[str, Any]:
+    return {
+        "logprobs": {"type": ["integer", "null"], "minimum": 0},
+        "echo": {"type": ["boolean", "null"]},
+        "best_of": {"type": ["integer", "null"], "minimum": 1},
+        "suffix": {"type": ["string", "null"]},
     }
 
 
@@ -100,7 +133,7 @@ def _schemas(max_messages: int) -> dict[str, Any]:
                 "type": "object", "required": ["message", "type"],
                 "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                                "param": {"type": ["string", "null"]},
-                               "code": {"type": ["string", "integer", "null"]}}}},
+                               "code": {"type": ["string", "null"]}}}},
         },
         "ChatMessage": message,
         "ChatCompletionRequest": {
@@ -109,12 +142,12 @@ def _schemas(max_messages: int) -> dict[str, Any]:
                 **_completion_fields(),
                 "messages": {"type": "array", "minItems": 1, "maxItems": max_messages,
                              "items": {"$ref": "#/components/schemas/ChatMessage"}},
-                "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
+                **_chat_fields(),
             },
         },
         "CompletionRequest": {
             "type": "object", "required": ["model", "prompt"], "additionalProperties": True,
-            "properties": {**_completion_fields(), "prompt": prompt},
+            "properties": {**_completion_fields(), "prompt": prompt, **_text_fields()},
         },
         "Model": {"type": "object", "required": ["id", "object"],
                   "properties": {"id": {"type": "string"}, "object": {"const": "model"},

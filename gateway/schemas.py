@@ -1,11 +1,14 @@
 """OpenAI request bodies as the gateway validates them at the edge.
 
-Only the fields the gateway itself relies on are checked, field by field on the decoded dict, in
-the order OpenAI's reference lists them; every other field is allowed and left to the backend
-(the original bytes are forwarded). Nothing is turned into a model of the body's whole tree: a
-conversation is bounded by `max_messages`, and each message costs a few dict lookups, so no
-valid body holds the event loop for long. A failed check becomes a 400 naming the first field
-that failed in OpenAI's style (`messages[0].role`), worded as pydantic words it.
+The fields OpenAI's API defines are checked as it checks them, field by field on the decoded
+dict: their types, OpenAI's ranges (temperature 0 to 2, the penalties -2 to 2, a logit bias -100
+to 100) and the roles. A count a backend can be configured past (how many stop strings, how many
+logprobs) is only checked to be one, and every field OpenAI does not define (vLLM's `top_k`,
+`ignore_eos`, ...) is allowed and left to the backend (the original bytes are forwarded).
+Nothing is turned into a model of the body's whole tree: a conversation is bounded by
+`max_messages`, and each message costs a few dict lookups, so no valid body holds the event
+loop for long. A failed check becomes a 400 naming the first field that failed in OpenAI's style
+(`messages[0].role`), worded as pydantic words it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ _NOT_BOOL = "Input should be a valid boolean"
 _NOT_INT = "Input should be a valid integer"
 _BELOW_ONE = "Input should be greater than or equal to 1"
 _NOT_LIST = "Input should be a valid list"
+_NOT_DICT = "Input should be a valid dictionary"
+# OpenAI's `response_format.type`s.
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +91,7 @@ def _chat(data: dict[str, Any], max_messages: int) -> Fields:
     for index, message in enumerate(messages):
         _message(index, message)
     cap = _positive_int(data, "max_completion_tokens")
+    _chat_options(data)
     return Fields(common.model, common.stream, common.include_usage,
                   cap or common.output_cap, common.n)
 
@@ -97,6 +104,11 @@ def _completion(data: dict[str, Any]) -> Fields:
     if not _prompt_ok(prompt):
         raise _Invalid(("prompt",), "Value error, must be a string, a list of strings, a list "
                                     "of token ids or a list of token-id lists")
+    _optional(data, "logprobs", _is_int, _NOT_INT)
+    _at_least(data, "logprobs", 0)
+    _optional(data, "echo", _is_bool, _NOT_BOOL)
+    _positive_int(data, "best_of")
+    _optional(data, "suffix", _is_str, _NOT_STRING)
     return common
 
 
@@ -134,7 +146,72 @@ def _common(data: dict[str, Any]) -> Fields:
     seed = data.get("seed")
     if seed is not None and not _is_int(seed):
         raise _Invalid(("seed",), _NOT_INT)
+    for name in ("frequency_penalty", "presence_penalty"):
+        _number_from((name,), data.get(name), -2, 2)
+    bias = data.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise _Invalid(("logit_bias",), _NOT_DICT)
+        for token, value in bias.items():
+            _number_from(("logit_bias", token), value, -100, 100, required=True)
+    stop = data.get("stop")
+    if not (stop is None or isinstance(stop, str)
+            or isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise _Invalid(("stop",), "Value error, must be a string, a list of strings or null")
+    _optional(data, "user", _is_str, _NOT_STRING)
     return Fields(model, stream, include_usage, max_tokens, n)
+
+
+def _chat_options(data: dict[str, Any]) -> None:
+    """The chat fields the gateway does not read itself, in the order of OpenAI's reference."""
+    _optional(data, "logprobs", _is_bool, _NOT_BOOL)
+    _optional(data, "top_logprobs", _is_int, _NOT_INT)
+    _at_least(data, "top_logprobs", 0)
+    _optional(data, "parallel_tool_calls", _is_bool, _NOT_BOOL)
+    form = data.get("response_format")
+    if form is not None:
+        if not isinstance(form, dict):
+            raise _Invalid(("response_format",), _NOT_DICT)
+        kind = form.get("type", _MISSING)
+        if kind is _MISSING:
+            raise _Invalid(("response_format", "type"), _REQUIRED)
+        if kind not in RESPONSE_FORMATS:
+            raise _Invalid(("response_format", "type"), "Value error, must be one of "
+                           f"{', '.join(RESPONSE_FORMATS)}, not {kind!r}")
+    tools = data.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise _Invalid(("tools",), _NOT_LIST)
+        for index, tool in enumerate(tools):
+            if not isinstance(tool, dict):
+                raise _Invalid(("tools", index), _NOT_DICT)
+    choice = data.get("tool_choice")
+    if not (choice is None or isinstance(choice, str | dict)):
+        raise _Invalid(("tool_choice",), "Value error, must be a string, an object or null")
+
+
+def _optional(data: dict[str, Any], name: str, check: Callable[[object], bool],
+              message: str) -> None:
+    """`name` absent, null, or passing `check`."""
+    value = data.get(name)
+    if value is not None and not check(value):
+        raise _Invalid((name,), message)
+
+
+def _at_least(data: dict[str, Any], name: str, low: int) -> None:
+    value = data.get(name)
+    if value is not None and value < low:
+        raise _Invalid((name,), f"Input should be greater than or equal to {low}")
+
+
+def _number_from(loc: tuple[int | str, ...], value: object, low: float, high: float, *,
+                 required: bool = False) -> None:
+    """`value` (at `loc`) a number from `low` to `high`; null too unless `required`."""
+    if value is None and not required:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not low <= value <= high:
+        raise _Invalid(loc, f"Value error, must be a number from {low} to {high}, not {value!r}")
 
 
 def _message(index: int, message: object) -> None:
@@ -173,6 +250,14 @@ def _positive_int(data: dict[str, Any], name: str) -> int | None:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str)
 
 
 def _prompt_ok(value: object) -> bool:

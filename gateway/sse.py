@@ -40,7 +40,7 @@ _QUOTE = 0x22
 
 
 def error_event(
-    message: str, *, type_: str = "upstream_error", code: str | int | None = None
+    message: str, *, type_: str = "upstream_error", code: str | None = None
 ) -> bytes:
     """An SSE event carrying OpenAI's error object, as vLLM sends a mid-stream failure."""
     return b"data: " + orjson.dumps(error_object(message, type_=type_, code=code)) + b"\n\n"

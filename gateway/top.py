@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 PIPED_WIDTH = 160  # columns when the output is not a terminal
+ONCE_TIMEOUT_S = 10.0  # --once: how long each read of the gateway may take
 WINDOW_S = 60.0
 BAR_WIDTH = 24
 QUANTILES = (0.5, 0.9, 0.99)
@@ -272,7 +273,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--width must be at least 40, got {args.width}")
     console = _console(args)
     headers = {"Authorization": f"Bearer {args.admin_key}"} if args.admin_key else {}
-    with httpx.Client(headers=headers, timeout=max(args.interval, 1.0)) as client:
+    # Live, a read may take one refresh period (the next frame is due then); one frame alone
+    # waits longer for a busy gateway.
+    timeout = ONCE_TIMEOUT_S if args.once else max(args.interval, 1.0)
+    with httpx.Client(headers=headers, timeout=timeout) as client:
         source = Source(client, args.url)
         if args.once:
             frame = source.frame()

@@ -289,7 +289,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from exc
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
-    # On a terminal (the table on stdout): the run time's estimate and a bar; else plain lines.
+    # On a terminal (the table on stdout): the run time's estimate and a bar; else the plain
+    # lines, the estimate among them.
     with simulation_progress(experiment, jobs=args.jobs, quiet=args.quiet,
                              bar=sys.stderr.isatty() and args.json != "-") as progress:
         report: Report = run_experiment(experiment, progress, jobs=args.jobs)

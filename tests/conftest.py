@@ -255,6 +255,7 @@ OVERRIDES = {
     "test_sim_server::test_client_disconnect_aborts_a_non_streaming_request": "realtime",
     "test_top::test_top_once_renders_the_fleet_and_the_request_figures": "loopback",
     "test_top::test_piped_without_a_width_no_column_is_cut": "loopback",
+    "test_top::test_top_once_waits_for_a_gateway_slower_than_its_refresh_period": "loopback",
     "test_top::test_top_once_fails_with_one_line_when_the_gateway_is_unreachable": "loopback",
     "test_top::test_bad_options_exit_2_naming_the_option": "loopback",
 }

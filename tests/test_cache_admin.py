@@ -406,12 +406,24 @@ def test_prefix_isolates_two_caches_in_one_redis(url: str, kvgate: Kvgate) -> No
     pytest.param(["flush", "--yes"], id="flush"),
     pytest.param(["export"], id="export"),
 ])
-def test_unreachable_redis_exits_1_with_one_line_and_no_traceback(kvgate: Kvgate,
+def test_unreachable_redis_exits_2_with_one_line_and_no_traceback(kvgate: Kvgate,
                                                                   args: list[str]) -> None:
     nobody = f"redis://127.0.0.1:{free_port()}/0"
     run = kvgate(*args, "--redis", nobody)
-    assert (run.code, run.out) == (1, "")
+    assert (run.code, run.out) == (2, "")
     assert f"cannot reach Redis at {nobody}" in one_line(run.err)
+
+
+@pytest.mark.parametrize("redis_url", [
+    pytest.param("unreachable", id="unreachable"),
+    pytest.param("mysql://127.0.0.1/0", id="not a Redis URL"),
+])
+def test_shadow_report_on_a_wrong_or_unreachable_redis_exits_2_with_one_line(
+        kvgate: Kvgate, redis_url: str) -> None:
+    where = f"redis://127.0.0.1:{free_port()}/0" if redis_url == "unreachable" else redis_url
+    run = kvgate("shadow-report", "--redis", where)
+    assert (run.code, run.out) == (2, "")
+    assert f"cannot read {where}" in one_line(run.err)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -433,7 +445,7 @@ def test_a_redis_url_it_cannot_read_exits_2(kvgate: Kvgate) -> None:
     assert "--redis 'mysql://127.0.0.1/0'" in one_line(run.err)
 
 
-def test_a_server_that_is_not_redis_is_one_line_and_exit_1(kvgate: Kvgate) -> None:
+def test_a_server_that_is_not_redis_is_one_line_and_exit_2(kvgate: Kvgate) -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
@@ -450,7 +462,7 @@ def test_a_server_that_is_not_redis_is_one_line_and_exit_1(kvgate: Kvgate) -> No
         thread.start()
         run = kvgate("stats", "--redis", f"redis://127.0.0.1:{port}/0")
         thread.join(timeout=10)
-    assert (run.code, run.out) == (1, "")
+    assert (run.code, run.out) == (2, "")
     assert "does not answer as Redis does" in one_line(run.err)
 
 

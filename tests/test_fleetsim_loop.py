@@ -167,8 +167,9 @@ def test_past_the_fleets_slo_capacity_slo_admission_sheds_the_excess_and_raises_
 def test_on_a_mixed_fleet_long_prompts_go_to_the_slower_backend_and_the_typical_reply_is_faster(
         seed: int) -> None:
     # Chat at ~85% of two H100s and an L40S. By their own latency, long prompts prefer the H100s'
-    # fast prefill; offloaded (routing/offload.py), the L40S takes the longest ones instead, the
-    # H100s' decodes run free of them, and the median TPOT and TTFT both fall, seed by seed.
+    # fast prefill; offloaded (routing/scheduling/offload.py), the L40S takes the longest ones
+    # instead, the H100s' decodes run free of them, and the median TPOT and TTFT both fall, seed
+    # by seed.
     items = schedule(workload("chat"), rate=50.0, duration_s=20.0, seed=seed)
 
     def run(offload: bool) -> RunOutcome:

@@ -76,12 +76,25 @@ def test_the_time_left_follows_the_measured_pace() -> None:
     assert bar.left() == "about 10 s left"
 
 
-def test_quiet_runs_get_nothing_and_piped_ones_the_plain_lines() -> None:
+def test_quiet_runs_get_nothing_and_piped_ones_the_plain_lines_with_the_estimate() -> None:
     experiment = experiment_of("--rate", "1", "--duration", "1")
     with simulation_progress(experiment, jobs=1, quiet=True, bar=True) as progress:
         assert progress is None
     out = io.StringIO()
     with simulation_progress(experiment, jobs=1, quiet=False, bar=False, stream=out) as progress:
         assert progress is not None
-        progress("capacity: 1.00 requests/s")
-    assert out.getvalue() == "capacity: 1.00 requests/s\n"
+        progress("load 1.00 req/s seed 0 cost+adm: 1 requests in 0.1 s")
+    estimate = describe_estimate(experiment, None, jobs=1)
+    assert out.getvalue() == f"{estimate}\nload 1.00 req/s seed 0 cost+adm: 1 requests in 0.1 s\n"
+
+
+def test_piped_a_load_level_is_estimated_after_the_capacity_line() -> None:
+    experiment = experiment_of("--policies", "cost", "--load", "0.5", "--duration", "60")
+    out = io.StringIO()
+    with simulation_progress(experiment, jobs=1, quiet=False, bar=False, stream=out) as progress:
+        assert progress is not None and out.getvalue() == ""
+        progress("capacity: 40.00 requests/s")
+        progress("capacity: 40.00 requests/s")
+    assert out.getvalue().splitlines() == [
+        "capacity: 40.00 requests/s", describe_estimate(experiment, 40.0, jobs=1),
+        "capacity: 40.00 requests/s"]

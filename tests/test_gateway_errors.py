@@ -17,6 +17,10 @@ from gateway.errors import (
 )
 from tests.paths import FIXTURES
 
+CONTEXT_TOO_LONG = ("This model's maximum context length is 8192 tokens. However, you requested "
+                    "9000 tokens (8000 in the messages, 1000 in the completion). Please reduce "
+                    "the length of the messages or completion.")
+
 
 @pytest.mark.parametrize(
     ("error", "status", "type_"),
@@ -44,15 +48,38 @@ def test_gateway_errors_have_status_and_openai_body(
 
 
 def test_openai_shaped_backend_error_passes_byte_identical() -> None:
-    body = (FIXTURES / "vllm-error.json").read_bytes()
+    body = (b'{"error":{"message":"too long","type":"invalid_request_error","param":"messages",'
+            b'"code":"context_length_exceeded"}}')
     assert normalise_error_body(body, status=400) is body
 
 
-def test_legacy_flat_backend_error_becomes_openai_shape() -> None:
-    legacy = orjson.loads((FIXTURES / "vllm-error-legacy.json").read_bytes())
-    expected = orjson.loads((FIXTURES / "vllm-error.json").read_bytes())
-    out = orjson.loads(normalise_error_body(orjson.dumps(legacy), status=400))
-    assert out == expected
+@pytest.mark.parametrize("fixture", ["vllm-error.json", "vllm-error-legacy.json"])
+def test_vllms_error_shapes_become_openais(fixture: str) -> None:
+    """vLLM's type (an exception's name) becomes OpenAI's for the status, and its numeric code,
+    the status again, null: OpenAI's codes are strings."""
+    vllm = (FIXTURES / fixture).read_bytes()
+    out = orjson.loads(normalise_error_body(vllm, status=400))
+    assert out == {"error": {"message": CONTEXT_TOO_LONG, "type": "invalid_request_error",
+                             "param": None, "code": None}}
+
+
+@pytest.mark.parametrize(("status", "type_"), [
+    (400, "invalid_request_error"), (401, "invalid_request_error"), (403, "permission_error"),
+    (404, "invalid_request_error"), (422, "invalid_request_error"), (429, "rate_limit_error"),
+    (500, "server_error"), (502, "server_error"), (503, "service_unavailable"),
+])
+def test_a_backend_type_openai_does_not_use_becomes_the_type_of_its_status(
+        status: int, type_: str) -> None:
+    for body in (b'{"error": {"message": "m", "type": "SomeError", "code": 7}}',
+                 b'{"message": "m"}', b"<html>m</html>"):
+        error = orjson.loads(normalise_error_body(body, status=status))["error"]
+        assert (error["type"], error["code"]) == (type_, None), body
+
+
+def test_a_backend_types_and_string_codes_openai_uses_are_kept() -> None:
+    body = b'{"error": {"message": "slow down", "type": "rate_limit_error", "code": "tokens"}}'
+    error = orjson.loads(normalise_error_body(body, status=429))["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "tokens")
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """Backends' error bodies in OpenAI's shape with the backend's message kept, whatever the
-server; every 503 the gateway makes itself carries Retry-After."""
+server: OpenAI's type for the status where the backend's is its own, a string code or null;
+every 503 the gateway makes itself carries Retry-After."""
 
 from __future__ import annotations
 
@@ -15,28 +16,28 @@ SERVERS = [
                  {"message": "This model's maximum context length is 8192 tokens. However, you "
                   "requested 9000 tokens (8000 in the messages, 1000 in the completion). Please "
                   "reduce the length of the messages or completion.",
-                  "type": "BadRequestError", "param": None, "code": 400},
+                  "type": "invalid_request_error", "param": None, "code": None},
                  id="vLLM's flat object error"),
     pytest.param(b'{"error":"Input validation error: `inputs` must have less than 4096 tokens",'
                  b'"error_type":"validation"}', 422,
                  {"message": "Input validation error: `inputs` must have less than 4096 tokens",
-                  "type": "validation", "param": None, "code": None},
+                  "type": "invalid_request_error", "param": None, "code": None},
                  id="TGI's string error and error_type"),
     pytest.param(b'{"error":{"code":400,"message":"the request exceeds the available context '
                  b'size","type":"exceed_context_size_error","n_prompt_tokens":5000}}', 400,
                  {"message": "the request exceeds the available context size",
-                  "type": "exceed_context_size_error", "param": None, "code": 400},
+                  "type": "invalid_request_error", "param": None, "code": None},
                  id="llama.cpp's nested error"),
     pytest.param(b"Service Unavailable\n", 503,
-                 {"message": "Service Unavailable", "type": "upstream_error", "param": None,
-                  "code": 503},
+                 {"message": "Service Unavailable", "type": "service_unavailable", "param": None,
+                  "code": None},
                  id="plain text"),
     pytest.param(b'"model is loading"', 503,
-                 {"message": "model is loading", "type": "upstream_error", "param": None,
-                  "code": 503},
+                 {"message": "model is loading", "type": "service_unavailable", "param": None,
+                  "code": None},
                  id="a JSON string"),
     pytest.param(b'{"message":"rate limited, slow down"}', 429,
-                 {"message": "rate limited, slow down", "type": "invalid_request_error",
+                 {"message": "rate limited, slow down", "type": "rate_limit_error",
                   "param": None, "code": None},
                  id="a bare message object"),
 ]

@@ -63,6 +63,42 @@ def chat(**fields: Any) -> dict[str, Any]:
                      id="the first wrong field is named"),
         pytest.param(chat(max_completion_tokens=0), "max_completion_tokens", "greater than",
                      id="max_completion_tokens at least 1"),
+        pytest.param(chat(frequency_penalty="a"), "frequency_penalty", "from -2 to 2",
+                     id="frequency_penalty must be a number"),
+        pytest.param(chat(presence_penalty=2.5), "presence_penalty", "from -2 to 2",
+                     id="presence_penalty over 2"),
+        pytest.param(chat(presence_penalty=-3), "presence_penalty", "from -2 to 2",
+                     id="presence_penalty under -2"),
+        pytest.param(chat(logit_bias=[1]), "logit_bias", "valid dictionary",
+                     id="logit_bias must be an object"),
+        pytest.param(chat(logit_bias={"50256": -101}), "logit_bias.50256", "from -100 to 100",
+                     id="a logit bias from -100 to 100"),
+        pytest.param(chat(logit_bias={"50256": None}), "logit_bias.50256", "from -100 to 100",
+                     id="a logit bias is a number"),
+        pytest.param(chat(stop=5), "stop", "a list of strings", id="stop must be text"),
+        pytest.param(chat(stop=["a", 1]), "stop", "a list of strings",
+                     id="every stop is a string"),
+        pytest.param(chat(user=5), "user", "valid string", id="user must be a string"),
+        pytest.param(chat(logprobs="x"), "logprobs", "valid boolean",
+                     id="chat logprobs is a boolean"),
+        pytest.param(chat(top_logprobs=1.5), "top_logprobs", "valid integer",
+                     id="top_logprobs must be an integer"),
+        pytest.param(chat(top_logprobs=-1), "top_logprobs", "greater than or equal to 0",
+                     id="top_logprobs at least 0"),
+        pytest.param(chat(parallel_tool_calls="yes"), "parallel_tool_calls", "valid boolean",
+                     id="parallel_tool_calls is a boolean"),
+        pytest.param(chat(response_format="json"), "response_format", "valid dictionary",
+                     id="response_format must be an object"),
+        pytest.param(chat(response_format={}), "response_format.type", "Field required",
+                     id="response_format needs a type"),
+        pytest.param(chat(response_format={"type": "yaml"}), "response_format.type",
+                     "must be one of text, json_object, json_schema",
+                     id="a response_format type OpenAI knows"),
+        pytest.param(chat(tools=5), "tools", "valid list", id="tools must be a list"),
+        pytest.param(chat(tools=[{"type": "function"}, "f"]), "tools[1]", "valid dictionary",
+                     id="a tool is an object"),
+        pytest.param(chat(tool_choice=5), "tool_choice", "a string, an object or null",
+                     id="tool_choice is a string or an object"),
     ],
 )
 def test_a_wrong_chat_field_is_named(body: dict[str, Any], param: str, message: str) -> None:
@@ -83,6 +119,16 @@ def test_a_wrong_chat_field_is_named(body: dict[str, Any], param: str, message: 
                      id="max_completion_tokens wins; unknown fields pass"),
         pytest.param(chat(messages=[USER] * MAX_MESSAGES, stream_options=None),
                      Fields("m", False, False, None, None), id="exactly max_messages"),
+        pytest.param(chat(frequency_penalty=-2, presence_penalty=2.0, logit_bias={"7": -100},
+                          stop=["a", "b", "c", "d", "e"], user="u", logprobs=True,
+                          top_logprobs=30, parallel_tool_calls=False,
+                          response_format={"type": "json_schema", "json_schema": {}},
+                          tool_choice={"type": "function"}, top_k=40, ignore_eos=True),
+                     Fields("m", False, False, None, None),
+                     id="OpenAI's bounds, counts left to the backend, vLLM's own fields"),
+        pytest.param(chat(stop="x", frequency_penalty=None, logit_bias=None, tools=None,
+                          response_format=None, tool_choice="auto"),
+                     Fields("m", False, False, None, None), id="null or plain options"),
         pytest.param(chat(messages=[{"role": "tool", "content": None},
                                     {"role": "user", "content": [{"type": "text"}]}]),
                      Fields("m", False, False, None, None), id="null and multi-part contents"),
@@ -119,3 +165,33 @@ def test_a_completion_needs_a_prompt() -> None:
     with pytest.raises(InvalidRequest) as info:
         validate_completion({"model": "m"})
     assert (info.value.param, info.value.message) == ("prompt", "prompt: Field required")
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "message"),
+    [
+        pytest.param({"logprobs": True}, "logprobs", "valid integer",
+                     id="a completion's logprobs is a count"),
+        pytest.param({"logprobs": -1}, "logprobs", "greater than or equal to 0",
+                     id="logprobs at least 0"),
+        pytest.param({"echo": "no"}, "echo", "valid boolean", id="echo is a boolean"),
+        pytest.param({"best_of": 0}, "best_of", "greater than or equal to 1",
+                     id="best_of at least 1"),
+        pytest.param({"suffix": 1}, "suffix", "valid string", id="suffix is a string"),
+        pytest.param({"presence_penalty": 9}, "presence_penalty", "from -2 to 2",
+                     id="the penalties' range holds for completions too"),
+        pytest.param({"stop": {"a": 1}}, "stop", "a list of strings", id="completion stop"),
+    ],
+)
+def test_a_wrong_completion_field_is_named(fields: dict[str, Any], param: str,
+                                           message: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        validate_completion({"model": "m", "prompt": "p"} | fields)
+    assert info.value.param == param
+    assert message in info.value.message and info.value.message.startswith(param + ": ")
+
+
+def test_a_completion_with_every_option_in_range_is_valid() -> None:
+    body = {"model": "m", "prompt": "p", "logprobs": 10, "echo": True, "best_of": 2,
+            "suffix": None, "stop": "\n", "frequency_penalty": 1, "user": "u"}
+    assert validate_completion(body) == Fields("m", False, False, None, None)

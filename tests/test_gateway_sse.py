@@ -149,11 +149,22 @@ def test_server_side_abort_is_seen_as_finish_reason_abort_with_usage() -> None:
 
 
 def test_openai_shaped_error_event_passes_unchanged_and_is_recorded() -> None:
-    data = fixture("vllm-chat-stream-error.sse")
+    data = (b'data: {"error": {"message": "boom", "type": "server_error", "param": null, '
+            b'"code": "engine_dead"}}\n\ndata: [DONE]\n\n')
     out, observer, _ = relay(data, 5)
     assert out == data
-    assert observer.error is not None and observer.error["code"] == 500
+    assert observer.error is not None and observer.error["code"] == "engine_dead"
     assert observer.done
+
+
+@pytest.mark.parametrize("piece", SPLITS)
+def test_vllms_error_event_gets_openais_type_and_code(piece: int) -> None:
+    """vLLM's numeric code names the status, which the 200 of a stream cannot."""
+    out, observer, _ = relay(fixture("vllm-chat-stream-error.sse"), piece)
+    error = orjson.loads([e for e in out.split(b"\n\n") if b'"error"' in e][0]
+                         .removeprefix(b"data: "))["error"]
+    assert (error["type"], error["code"]) == ("server_error", None)
+    assert observer.error == error and observer.done
 
 
 @pytest.mark.parametrize("piece", SPLITS)
@@ -165,9 +176,9 @@ def test_legacy_error_event_is_rewritten_into_openai_shape(piece: int) -> None:
     assert error == {
         "error": {
             "message": "Internal server error while generating the response.",
-            "type": "InternalServerError",
+            "type": "server_error",
             "param": None,
-            "code": 500,
+            "code": None,
         }
     }
     assert observer.error == error["error"]

@@ -62,7 +62,8 @@ async def test_a_429_with_no_other_backend_reaches_the_client_with_its_retry_aft
         assert "X-Internal" not in headers and "Keep-Alive" not in headers
         assert headers["Content-Type"].startswith("application/json")
         assert orjson.loads(body) == {"error": {
-            "message": "Model is overloaded", "type": "overloaded", "param": None, "code": None}}
+            "message": "Model is overloaded", "type": "rate_limit_error", "param": None,
+            "code": None}}
         assert upstream.calls == 1
 
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 
 import aiohttp
+import aiohttp.web
 import pytest
 from rich.console import Console
 
@@ -276,6 +277,34 @@ async def test_piped_without_a_width_no_column_is_cut(loaded_gateway: tuple[str,
     assert code == 0, err
     assert "…" not in out  # rich marks a cut cell with an ellipsis
     assert f"kvgate top {url}" in out.splitlines()[0]
+
+
+async def test_top_once_waits_for_a_gateway_slower_than_its_refresh_period(
+    loaded_gateway: tuple[str, int],
+) -> None:
+    """One frame alone waits for a busy gateway: every answer here comes 1.5 s late, past the
+    live view's 1 s per read."""
+    url, _ = loaded_gateway
+    async with aiohttp.ClientSession() as http:
+        async def late(request: aiohttp.web.Request) -> aiohttp.web.Response:
+            await asyncio.sleep(1.5)
+            async with http.get(url + request.path_qs) as upstream:
+                return aiohttp.web.Response(body=await upstream.read(), status=upstream.status,
+                                            content_type=upstream.content_type)
+
+        app = aiohttp.web.Application()
+        app.router.add_get("/{path:.*}", late)
+        runner = aiohttp.web.AppRunner(app)
+        await runner.setup()
+        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            code, out, err = await top_once("--url", f"http://127.0.0.1:{port}")
+        finally:
+            await runner.cleanup()
+    assert code == 0, err
+    assert "sim0" in out and "sim1" in out
 
 
 async def test_top_once_fails_with_one_line_when_the_gateway_is_unreachable() -> None:

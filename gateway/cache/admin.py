@@ -12,8 +12,8 @@
 
 An ID may be any unique prefix of at least 6 characters (`ls` shows 16). `--prefix` names the key
 prefix the gateways were configured with (`cache.key_prefix`). Exit codes: 0 done, 1 an ID not
-found or Redis unreachable, 2 bad usage (a malformed import line names its line number, and then
-nothing is imported).
+found, 2 bad usage or a wrong or unreachable Redis, each in one line (a malformed import line
+names its line number, and then nothing is imported).
 """
 
 from __future__ import annotations
@@ -279,11 +279,11 @@ async def _run(action: Action, args: argparse.Namespace, ttl: float | None) -> i
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
         print(f"kvgate cache {args.action}: cannot reach Redis at {args.redis}: {exc}",
               file=sys.stderr)
-        return 1
+        return 2
     except redis.exceptions.RedisError as exc:  # something answers there, but not as Redis
         print(f"kvgate cache {args.action}: the server at {args.redis} does not answer as Redis "
               f"does: {exc}", file=sys.stderr)
-        return 1
+        return 2
     finally:
         await store.close()
     return 0

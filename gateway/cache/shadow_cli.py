@@ -5,8 +5,8 @@
 Reads the records `cache.semantic: shadow` kept (gateway/cache/shadow.py): straight from the
 shared Redis store, or from a running gateway's `GET /admin/cache/shadow` (the in-memory store
 lives in that process). Prints one row per band: the would-be hits, those whose second answer is
-known, how many agreed, and the precision. Exit codes: 0 done, 1 the store or gateway did not
-answer, 2 bad usage.
+known, how many agreed, and the precision. Exit codes: 0 done, 1 the gateway did not answer, 2 bad
+usage or a wrong or unreachable Redis, each in one line.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         where = args.redis or args.gateway
         print(f"kvgate cache shadow-report: cannot read {where}: {type(exc).__name__}: {exc}",
               file=sys.stderr)
-        return 1
+        return 2 if args.redis else 1
     rows = report(records)
     if args.json:
         for band in rows:

@@ -10,8 +10,9 @@ remaining time follows the host at hand.
 `simulation_progress` is the one entry point: a context manager yielding the callback
 `run_experiment` reports to (loadtest/fleetsim/experiment.py), which takes its lines: the
 capacity once measured, then one line per run ended with its requests and its wall time. The bar
-advances by the requests of each run ended; the lines themselves are printed above it. Piped or
-asked for plain output, the lines are printed as they come and nothing else.
+advances by the requests of each run ended; the lines themselves are printed above it. Piped, or
+without rich (the `top` and `dev` extras), the lines are printed as they come, the estimate among
+them as soon as it is known, and nothing else.
 """
 
 from __future__ import annotations
@@ -178,6 +179,27 @@ class Bar:
         return f"about {_duration(max(0.0, self.deadline - self._now()))} left"
 
 
+class Lines:
+    """The plain lines, with the estimate once it is known (at once for a rate or a trace, after
+    the capacity's line for a load level)."""
+
+    def __init__(self, experiment: Experiment, jobs: int, stream: TextIO) -> None:
+        self.experiment, self.jobs, self.stream = experiment, jobs, stream
+        self.estimated = False
+        self._estimate(None)
+
+    def __call__(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+        if not self.estimated and (m := _CAPACITY.match(line)) is not None:
+            self._estimate(float(m.group(1)))
+
+    def _estimate(self, capacity: float | None) -> None:
+        text = describe_estimate(self.experiment, capacity, self.jobs)
+        if text is not None:
+            print(text, file=self.stream, flush=True)
+            self.estimated = True
+
+
 def _counts_column() -> ProgressColumn:
     from rich.progress import ProgressColumn
     from rich.text import Text
@@ -212,7 +234,7 @@ def simulation_progress(experiment: Experiment, *, jobs: int, quiet: bool, bar: 
         yield None
         return
     if not bar:
-        yield lambda line: print(line, file=out, flush=True)
+        yield Lines(experiment, jobs, out)
         return
     shown = Bar(experiment, jobs, out)
     with shown.progress:

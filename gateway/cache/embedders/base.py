@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 else:
     DenseBatch = object
 
-SparseBatch: TypeAlias = list[Vector]  # one sparse vector per text (see gateway/cache/vectors)
+SparseBatch: TypeAlias = list[Vector]  # one sparse vector per text (see gateway/cache/vectors.py)
 
 BatchT_co = TypeVar("BatchT_co", covariant=True)
 
