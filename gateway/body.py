@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
+import select
 import signal
+import threading
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -140,10 +144,31 @@ def _unread(future: Future[Answer | _Refused]) -> None:
         discard_answer(future.result())
 
 
-def _worker_started() -> None:
-    """The worker leaves Ctrl-C and SIGTERM to the gateway, which ends it."""
+def _worker_started(gateway_pid: int) -> None:
+    """The worker leaves Ctrl-C and SIGTERM to the gateway, which ends it, and ends with the
+    gateway however that ends (a SIGKILL too): a worker left waiting for work would keep
+    itself and the forkserver alive for good. (Its parent is the forkserver, so it watches
+    the gateway's pid.)"""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=_ends_with, args=(gateway_pid,), daemon=True,
+                     name="kvgate-parse-worker-watch").start()
+
+
+def _ends_with(pid: int) -> None:
+    try:
+        watched = os.pidfd_open(pid)
+    except (OSError, AttributeError):  # no pidfd (an old kernel): look once a second
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:
+                pass
+            time.sleep(1.0)
+    select.select([watched], [], [])  # readable once the process has ended
+    os._exit(0)
 
 
 class BodyParser:
@@ -163,7 +188,7 @@ class BodyParser:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
                 max_workers=1, mp_context=multiprocessing.get_context("forkserver"),
-                initializer=_worker_started)
+                initializer=_worker_started, initargs=(os.getpid(),))
         pool = self._pool
         segment = await body_segment(raw)
         try:

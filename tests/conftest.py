@@ -68,6 +68,7 @@ MODULES = {
     "test_gateway_auth": "loopback",
     "test_gateway_backend_state": "realtime",
     "test_gateway_cache": "loopback",
+    "test_body_parse_worker": "loopback",
     "test_gateway_client_errors": "loopback",
     "test_gateway_loop_and_upload": "loopback",
     "test_gateway_client_log_redaction": "unit",
