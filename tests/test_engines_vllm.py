@@ -88,15 +88,30 @@ async def test_admin_backends_is_what_vllms_own_metrics_say(
     engine = engines[0]
     idle = vllm_row(await scrape(http, engine.url))
     assert (idle["kv_total_blocks"], idle["block_size"]) == (VLLM_BLOCKS, VLLM_BLOCK_SIZE)
-    load = await stream_until_text(http, engine.url, LONG)  # straight to vLLM: a busy server
+    # Straight to vLLM: a busy server. The tiny model decodes a block every few tenths of a
+    # second and ends a long reply within seconds, so the gateway's row (read between two of
+    # the test's own scrapes) must equal the reading before or after it, while one request
+    # runs; a stream that has ended is replaced.
+    loads = [await stream_until_text(http, engine.url, LONG)]
+    seen: list[tuple[Any, ...]] = []
+
+    async def matches() -> bool:
+        before = vllm_row(await scrape(http, engine.url))
+        row = await admin_row(http, gateway)
+        after = vllm_row(await scrape(http, engine.url))
+        seen[:] = [(dict(row), before, after)]
+        if before["running"] == 0 and after["running"] == 0:
+            loads.append(await stream_until_text(http, engine.url, LONG))
+            return False
+        return any(reading["running"] == 1 and reading["kv_usage"] > 0
+                   and agrees(row, reading) for reading in (before, after))
     try:
-        async def matches() -> bool:
-            expected = vllm_row(await scrape(http, engine.url))
-            return expected["running"] == 1 and expected["kv_usage"] > 0 and agrees(
-                await admin_row(http, gateway), expected)
-        await until(matches, "the gateway's row equals vLLM's /metrics under load")
+        await until(matches, "the gateway's row equals vLLM's /metrics under load", 30.0)
+    except AssertionError as failed:
+        raise AssertionError(f"{failed}; the last row and readings around it: {seen}") from None
     finally:
-        load.close()
+        for load in loads:
+            load.close()
 
 
 def shape(chunk: dict[str, Any]) -> dict[str, Any]:
