@@ -16,9 +16,11 @@ preemption per 10,000 requests on heavy-tail; goodput on mixed no lower than the
 The baseline is a `kvgate simulate --json` document of the same mixed runs made with the code
 before the change (`--baseline`, e.g. `kvgate simulate --policies cost --workload mixed --load
 0.85,0.9 --duration 60 --seeds 0,1,2,3,4 --json FILE` in a checkout of it;
-`loadtest/baselines/reservation_mixed_before.json` is that document, made so with the code as it
-was before censored reply lengths and the reservation quantile); without one, the goodput target
-is not judged. Reservation misses count the completed requests whose reply needed more KV blocks
+`loadtest/baselines/reservation_mixed_before.json` is that document, made so with the routing
+code as it was before censored reply lengths and the reservation quantile, and the simulator's
+engine physics (routing/physics.py) of today: a baseline must share the engine model, since the
+offered rate follows the fleet's measured capacity); without one, the goodput target is not
+judged. Reservation misses count the completed requests whose reply needed more KV blocks
 than their lease reserved at dispatch (streams then grow their leases).
 Exit code 0 whatever the outcome (`--strict`: 1 when a target is missed). The tables go to
 `loadtest/results/bench_reservation.json` (`--no-record`: nowhere).
