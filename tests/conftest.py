@@ -34,6 +34,7 @@ TIERS = ("unit", "loopback", "realtime", "bench", "faults", "engines")  # in pyp
 # Measured: what each module opens and how long it takes.
 MODULES = {
     "test_bench_parse": "unit",
+    "test_bench_cache_aware_live": "unit",
     "test_benchmarks_page": "unit",
     "test_body_worker": "unit",
     "test_cache_admin": "loopback",

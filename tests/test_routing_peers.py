@@ -87,25 +87,43 @@ def test_cache_aware_follows_the_longest_prefix_match_while_balanced() -> None:
     assert route(r, loaded, TEXT + "and a follow-up question " * 10) == first
 
 
-def test_cache_aware_sends_unmatched_text_to_the_smallest_tree() -> None:
+def test_cache_aware_sends_unmatched_text_to_the_smallest_tree_it_holds_text_for() -> None:
     r = router("cache_aware")
     pool = [cand("a"), cand("b")]
     first = route(r, pool)
     other = "b" if first == "a" else "a"
-    # A text matching nothing: the worker holding no text gets it, and then each their own.
-    assert route(r, pool, "an unrelated prompt, " * 80) == other
-    assert route(r, pool, TEXT) == first
+    # A worker sent nothing yet is no tenant of the routers' trees: unmatched text stays with
+    # the workers the tree knows, as the real routers do at low concurrency.
+    assert route(r, pool, "an unrelated prompt, " * 80) == first
+    # Once the imbalance rule has sent the other worker text, the smaller tree gets the next
+    # unmatched prompt.
+    busy = [cand(c.id, inflight=100 if c.id == first else 0) for c in pool]
+    assert route(r, busy, "a third prompt, unlike the others, " * 20) == other
+    assert route(r, pool, "and a fourth one, unlike any of them, " * 40) == other
+
+
+def test_cache_aware_picks_any_worker_while_its_tree_is_empty() -> None:
+    firsts = {route(router("cache_aware", seed=seed), [cand("a"), cand("b"), cand("c")])
+              for seed in range(12)}
+    assert len(firsts) > 1, firsts
 
 
 def test_cache_aware_ignores_a_match_below_the_cache_threshold() -> None:
-    r = router("cache_aware")
+    def two_tenants(r: Router, pool: list[Candidate]) -> str:
+        """TEXT on one worker, a shorter text on the other (sent there by the imbalance rule)."""
+        first = route(r, pool)
+        busy = [cand(c.id, inflight=100 if c.id == first else 0) for c in pool]
+        route(r, busy, "a shorter prompt, unlike the others, " * 20)
+        return first
+
     pool = [cand("a"), cand("b")]
-    first = route(r, pool)
-    # Sharing ~1.8k characters of a ~9k one is a match rate of ~0.2 <= 0.3: the smallest tree.
+    r = router("cache_aware")
+    first = two_tenants(r, pool)
+    # Sharing ~1.8k characters of a ~9k one is a match rate of ~0.2 <= 0.3: the smaller tree.
     long = TEXT + "something else entirely. " * 300
     assert route(r, pool, long) != first
     lenient = router("cache_aware", cache_aware=CacheAwareParams(cache_threshold=0.1))
-    first = route(lenient, pool)
+    first = two_tenants(lenient, pool)
     assert route(lenient, pool, long) == first
 
 

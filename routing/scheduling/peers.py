@@ -6,8 +6,12 @@ can be compared with the gateways people run (routing/policies.py composes them)
   `balance_rel_threshold` x min) the least loaded worker; otherwise the worker whose approximate
   tree (routing/scheduling/radix.py: the text it was sent, with eviction) matches the longest
   prefix of the request's text, if that match covers more than `cache_threshold` of the text;
-  otherwise the worker with the smallest tree. Its dispatch hook inserts the text into the
-  chosen worker's tree. Load is the router's own count of requests in flight on each worker.
+  otherwise the worker with the smallest tree among those the tree holds text for (as the
+  routers do: their per-worker character counts list only workers sent text, so at low
+  concurrency every request goes to the first worker chosen until the load is imbalanced; a
+  live run against both routers shows it, loadtest/bench_cache_aware_live.py). Its dispatch
+  hook inserts the text into the chosen worker's tree. Load is the router's own count of
+  requests in flight on each worker.
 - `DynamoCostScorer` (NVIDIA Dynamo's KV router): cost = `overlap_score_weight` x the prompt
   blocks the worker would have to prefill (its uncached prompt) + its active KV blocks (decode
   load); lowest cost wins; `SoftmaxPicker` samples with `router_temperature` (0: the lowest).
@@ -94,6 +98,19 @@ def _lowest_best(values: Sequence[float]) -> list[float]:
     return [(high - v) / spread for v in values]
 
 
+def _smallest_known_tree(sizes: Sequence[int]) -> list[float]:
+    """The routers' smallest-tree rule: the smallest among the workers their tree holds text for
+    (a worker sent nothing yet is no tenant of the tree, so it is not chosen here: only the
+    imbalance rule brings it in); any worker alike while the tree holds nothing."""
+    known = [size for size in sizes if size > 0]
+    if not known:
+        return [1.0] * len(sizes)
+    low, high = min(known), max(known)
+    spread = high - low
+    return [0.0 if size <= 0 else 1.0 if spread <= 0 else 1.0 - (size - low) / spread
+            for size in sizes]
+
+
 class CacheAwareScorer:
     def __init__(self, params: CacheAwareParams | None = None) -> None:
         self.params = params or CacheAwareParams()
@@ -111,7 +128,7 @@ class CacheAwareScorer:
             text = max(1, cycle.cost.prompt_chars)
             if best > 0 and best / text > self.params.cache_threshold:
                 return [1.0 if m == best else 0.0 for m in matched]
-        return _lowest_best([float(self.tree.size_chars(c.spec.id)) for c in candidates])
+        return _smallest_known_tree([self.tree.size_chars(c.spec.id) for c in candidates])
 
     def dispatched(self, cycle: CycleState, decision: Decision) -> None:
         if cycle.chain is not None:
